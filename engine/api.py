@@ -1,0 +1,155 @@
+"""The OpenAI-compatible HTTP API plus the engine's side of the seam (/admin/window, /admin/config)."""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+
+from engine.api_schema import ChatCompletionRequest, CompletionRequest
+from engine.config import EngineConfig
+from engine.engine import Emission, RequestError
+from engine.service import EngineService
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+
+def _error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(status_code=error.status, content={
+        "error": {"message": error.message, "type": error.kind, "param": error.param, "code": None}})
+
+
+def _field_of(loc: tuple) -> str:
+    return ".".join(str(part) for part in loc if part not in ("body", "query", "path"))
+
+
+def create_app(service: EngineService, model_name: str, admin_token: str | None,
+               default_max_tokens: int = 16) -> FastAPI:
+    app = FastAPI(title="Governor", version="0.1.0")
+    engine, tokenizer = service.engine, service.engine.tokenizer
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, error: APIError):
+        return _error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, error: RequestValidationError):
+        first = error.errors()[0]
+        field = _field_of(tuple(first["loc"])) or "body"
+        return _error_response(APIError(400, f"{field}: {first['msg']}", field))
+
+    def require_admin(request: Request) -> None:
+        supplied = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not admin_token or not secrets.compare_digest(supplied.encode(), admin_token.encode()):
+            raise APIError(401, "a valid bearer token (GOVERNOR_ADMIN_TOKEN) is required", kind="authentication_error")
+
+    def check_model(name: str) -> None:
+        if name != model_name:
+            raise APIError(404, f"model {name!r} does not exist; this server serves {model_name!r}", "model",
+                           kind="not_found_error")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_name}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "governor"}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        check_model(body.model)
+        return await _serve(body, tokenizer.encode(body.prompt), chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest):
+        check_model(body.model)
+        prompt = tokenizer.render_chat([m.model_dump() for m in body.messages])
+        return await _serve(body, tokenizer.encode(prompt), chat=True)
+
+    @app.get("/admin/window")
+    async def window():
+        return engine.snapshot().to_dict()
+
+    @app.get("/admin/config")
+    async def get_config():
+        return engine.config.model_dump()
+
+    @app.put("/admin/config", dependencies=[Depends(require_admin)])
+    async def put_config(request: Request):
+        try:
+            config = EngineConfig.model_validate_json(await request.body())
+            engine.apply(config)
+        except ValidationError as error:
+            first = error.errors()[0]
+            field = _field_of(tuple(first["loc"])) or "body"
+            raise APIError(400, f"{field}: {first['msg']}", field) from error
+        except RequestError as error:
+            raise APIError(400, str(error), error.field) from error
+        return config.model_dump()
+
+    async def _serve(body, prompt_ids: list[int], chat: bool):
+        params = body.sampling_params(default_max_tokens)
+        try:
+            engine.check_request(prompt_ids, params)
+        except RequestError as error:
+            raise APIError(400, str(error), error.field) from error
+        stream = service.generate(prompt_ids, params)
+        reply = _Reply(model_name, chat)
+        if body.stream:
+            return StreamingResponse(reply.sse(stream, body.include_usage), media_type="text/event-stream")
+        return await reply.whole(stream)
+
+    return app
+
+
+class _Reply:
+    """Shapes emissions into OpenAI completion or chat.completion objects and chunks."""
+
+    def __init__(self, model: str, chat: bool):
+        self.model, self.chat = model, chat
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _envelope(self, choices: list, chunk: bool) -> dict:
+        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+
+    @staticmethod
+    def _usage(emission: Emission) -> dict:
+        return {"prompt_tokens": emission.prompt_tokens, "completion_tokens": emission.output_tokens,
+                "total_tokens": emission.prompt_tokens + emission.output_tokens}
+
+    async def whole(self, stream: AsyncIterator[Emission]) -> dict:
+        text, last = [], None
+        async for last in stream:
+            text.append(last.text)
+        content = "".join(text)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": content}} if self.chat
+                  else {"index": 0, "text": content, "logprobs": None})
+        choice["finish_reason"] = last.finish_reason
+        return {**self._envelope([choice], chunk=False), "usage": self._usage(last)}
+
+    async def sse(self, stream: AsyncIterator[Emission], include_usage: bool) -> AsyncIterator[str]:
+        if self.chat:
+            yield self._event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        last = None
+        async for last in stream:
+            if last.text or last.finish_reason:
+                delta = {"delta": {"content": last.text} if last.text else {}} if self.chat else {"text": last.text}
+                yield self._event([{"index": 0, **delta, "finish_reason": last.finish_reason}])
+        if include_usage and last is not None:
+            yield f"data: {json.dumps({**self._envelope([], chunk=True), 'usage': self._usage(last)})}\n\n"
+        yield "data: [DONE]\n\n"
+
+    def _event(self, choices: list) -> str:
+        return f"data: {json.dumps(self._envelope(choices, chunk=True))}\n\n"

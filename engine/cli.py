@@ -1,0 +1,89 @@
+"""The `governor` command line: serve, load, bench."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import threading
+
+from pydantic import ValidationError
+
+from engine.loadgen.cli import add_load_arguments, run_load
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="governor", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the engine and its OpenAI-compatible API")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8000)")
+    serve.add_argument("--model", help="shipped model name, model folder or .gguf file (default governor-moe)")
+    serve.add_argument("--draft", help="draft model name or path, self:N, or none (default: the model's own)")
+    serve.add_argument("--demo-traffic", action="store_true", default=None,
+                       help="send the built-in demo load to this server, so the dashboard shows live data")
+    serve.set_defaults(run=_serve)
+
+    load = commands.add_parser("load", help="open-loop traffic generator")
+    add_load_arguments(load)
+    load.set_defaults(run=run_load)
+
+    bench = commands.add_parser("bench", help="benchmarks that print figures and write JSON + PNG")
+    benches = bench.add_subparsers(dest="bench", required=True)
+    from engine.bench.spec import add_spec_arguments, run_spec_bench
+
+    spec = benches.add_parser("spec", help="speculative decoding: k = 0..8, beside transformers")
+    add_spec_arguments(spec)
+    spec.set_defaults(run=run_spec_bench)
+
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from engine.api import create_app
+    from engine.engine import EngineLimits
+    from engine.models import build_engine, load_models
+    from engine.service import EngineService
+    from engine.settings import Settings
+
+    overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as error:
+        first = error.errors()[0]
+        print(f"governor serve: --{str(first['loc'][0]).replace('_', '-')}: {first['msg']}", file=sys.stderr)
+        return 2
+    print(f"governor: loading {settings.model} ...", file=sys.stderr, flush=True)
+    models = load_models(settings.model, settings.draft)
+    limits = EngineLimits(kv_cache_tokens=settings.kv_cache_tokens, max_num_seqs=settings.max_num_seqs,
+                          max_batch_tokens=settings.max_batch_tokens)
+    service = EngineService(build_engine(models, limits=limits))
+    app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens)
+    stop_demo = threading.Event()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        service.start()
+        if settings.demo_traffic:
+            _start_demo_traffic(f"http://{settings.host}:{settings.port}", stop_demo)
+        yield
+        stop_demo.set()
+        service.stop()
+
+    app.router.lifespan_context = lifespan
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    return 0
+
+
+def _start_demo_traffic(url: str, stop: threading.Event) -> None:
+    from engine.loadgen import load_phases, run_forever
+
+    threading.Thread(target=run_forever, args=(url, load_phases(), stop),
+                     name="governor-demo-traffic", daemon=True).start()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""The seam's knob set (EngineConfig) and per-request sampling parameters."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_DRAFT_LEN = 16
+
+SpecMethod = Literal["off", "draft_model", "ngram"]
+
+
+class EngineConfig(BaseModel):
+    """Validated, immutable, versioned engine knobs. draft_len 0 (or spec_method 'off') is plain decoding."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: int = Field(0, ge=0)
+    spec_method: SpecMethod = "draft_model"
+    draft_len: int = Field(4, ge=0, le=MAX_DRAFT_LEN)
+    ngram_min: int = Field(1, ge=1, le=8, description="shortest suffix n-gram prompt lookup matches")
+    ngram_max: int = Field(4, ge=1, le=8, description="longest suffix n-gram prompt lookup tries first")
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> EngineConfig:
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) must be <= ngram_max ({self.ngram_max})")
+        return self
+
+    @property
+    def speculative_len(self) -> int:
+        """The k actually used: 0 when speculation is off."""
+        return 0 if self.spec_method == "off" else self.draft_len
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(64, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: tuple[str, ...] = Field((), max_length=4)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,96 @@
+"""Drafters propose up to k tokens per sequence; the target verifies them. One interface, two kinds."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+from numpy.lib.stride_tricks import sliding_window_view
+
+from engine.batch import SequenceChunk, build_forward_batch
+from engine.kv_cache import KVCache
+from engine.modeling import Transformer
+from engine.sampling import probs_from_logits, uniforms
+from engine.sequence import Sequence
+from kernels import sample_categorical
+
+
+@dataclass
+class Drafts:
+    tokens: torch.Tensor          # [B, K] long, padded past num_drafts
+    num_drafts: torch.Tensor      # [B] long
+    probs: torch.Tensor | None    # [B, K, V] distributions the tokens were sampled from; None = deterministic
+
+
+class Drafter(Protocol):
+    def propose(self, seqs: list[Sequence], lengths: list[int]) -> Drafts:
+        """Propose up to lengths[i] tokens to follow seqs[i].tokens."""
+
+    def accepted(self, seq: Sequence, drafted_from: int, num_accepted: int) -> None:
+        """Verification kept num_accepted drafts of those proposed after drafted_from tokens."""
+
+
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the sequence's suffix and copy what followed."""
+
+    def __init__(self, min_n: int, max_n: int, device: torch.device):
+        self.min_n, self.max_n, self.device = min_n, max_n, device
+
+    def propose(self, seqs: list[Sequence], lengths: list[int]) -> Drafts:
+        k = max(lengths, default=0)
+        tokens = torch.zeros(len(seqs), k, dtype=torch.long)
+        num = torch.zeros(len(seqs), dtype=torch.long)
+        for i, (seq, length) in enumerate(zip(seqs, lengths)):
+            found = self._lookup(np.asarray(seq.tokens), length)
+            tokens[i, :len(found)] = torch.as_tensor(found, dtype=torch.long)
+            num[i] = len(found)
+        return Drafts(tokens.to(self.device), num.to(self.device), None)
+
+    def _lookup(self, history: np.ndarray, length: int) -> np.ndarray:
+        for n in range(min(self.max_n, len(history) - 1), self.min_n - 1, -1):
+            windows = sliding_window_view(history[:-1], n)
+            hits = np.flatnonzero((windows == history[-n:]).all(axis=1))
+            if len(hits):
+                start = hits[-1] + n
+                return history[start:start + length]
+        return history[:0]
+
+    def accepted(self, seq: Sequence, drafted_from: int, num_accepted: int) -> None:
+        pass
+
+
+class ModelDrafter:
+    """A small causal LM (or the target's own first layers) drafting autoregressively on its own KV cache."""
+
+    def __init__(self, model: Transformer, cache: KVCache, block_size: int):
+        self.model, self.cache, self.block_size = model, cache, block_size
+        self.device = next(model.parameters()).device
+
+    def propose(self, seqs: list[Sequence], lengths: list[int]) -> Drafts:
+        k, batch = max(lengths, default=0), len(seqs)
+        vocab = self.model.spec.vocab_size
+        tokens = torch.zeros(batch, k, dtype=torch.long, device=self.device)
+        probs = torch.zeros(batch, k, vocab, device=self.device)
+        temperature = torch.tensor([s.params.temperature for s in seqs], device=self.device)
+        top_p = torch.tensor([s.params.top_p for s in seqs], device=self.device)
+        chunks = [SequenceChunk(s.tokens[s.draft_computed:], s.draft_computed, s.block_table,
+                                len(s.tokens) - 1 - s.draft_computed) for s in seqs]
+        active = list(range(batch))
+        for step in range(k):
+            active = [i for i in active if lengths[i] > step]
+            if not active:
+                break
+            logits = self.model(build_forward_batch([chunks[i] for i in active], self.block_size, self.device), self.cache)
+            rows = torch.tensor(active, device=self.device)
+            dist = probs_from_logits(logits, temperature[rows], top_p[rows])
+            drawn = sample_categorical(dist, uniforms([seqs[i].generator for i in active], [1] * len(active), self.device)[:, 0])
+            tokens[rows, step], probs[rows, step] = drawn, dist
+            for i, token in zip(active, drawn.tolist()):
+                position = len(seqs[i].tokens) + step
+                chunks[i] = SequenceChunk([token], position, seqs[i].block_table, 0)
+                seqs[i].draft_computed = position
+        return Drafts(tokens, torch.tensor(lengths, device=self.device), probs)
+
+    def accepted(self, seq: Sequence, drafted_from: int, num_accepted: int) -> None:
+        seq.draft_computed = min(seq.draft_computed, drafted_from + num_accepted)

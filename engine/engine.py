@@ -1,0 +1,310 @@
+"""The engine: continuous batching with speculative decoding over a paged KV cache, one step at a time.
+
+Not thread-safe except apply() and snapshot(); engine.service drives it from one thread.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.batch import SequenceChunk, build_forward_batch
+from engine.config import EngineConfig, SamplingParams
+from engine.drafters import Drafter, Drafts, ModelDrafter, NgramDrafter
+from engine.kv_cache import BlockAllocator, KVCache
+from engine.modeling import Transformer
+from engine.sampling import probs_from_logits, uniforms
+from engine.scheduler import Scheduled, Scheduler
+from engine.sequence import Sequence
+from engine.telemetry import Telemetry
+from engine.tokenizer import Tokenizer
+from engine.window import Window
+from kernels import verify_drafts
+
+
+class RequestError(ValueError):
+    """A request the engine cannot serve; the message names the field at fault."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    kv_cache_tokens: int = 16384
+    block_size: int = 16
+    max_num_seqs: int = 32
+    max_batch_tokens: int = 512
+
+
+@dataclass
+class Emission:
+    """What one step produced for one request."""
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    output_tokens: int
+
+
+class Engine:
+    def __init__(self, target: Transformer, tokenizer: Tokenizer, draft: Transformer | None = None,
+                 config: EngineConfig = EngineConfig(), limits: EngineLimits = EngineLimits()):
+        if draft is not None and draft.spec.vocab_size != target.spec.vocab_size:
+            raise ValueError(f"draft vocab_size {draft.spec.vocab_size} != target vocab_size {target.spec.vocab_size}")
+        self.target, self.tokenizer, self.limits = target, tokenizer, limits
+        self.device = next(target.parameters()).device
+        dtype = next(target.parameters()).dtype
+        self.allocator = BlockAllocator(-(-limits.kv_cache_tokens // limits.block_size), limits.block_size)
+        num_slots = self.allocator.num_blocks * limits.block_size
+        self.cache = KVCache(target.spec, num_slots, dtype, self.device)
+        self.max_model_len = min([target.spec.max_position] + ([draft.spec.max_position] if draft else []))
+        self.scheduler = Scheduler(self.allocator, limits.max_num_seqs, limits.max_batch_tokens, self.max_model_len)
+        self.model_drafter = (ModelDrafter(draft, KVCache(draft.spec, num_slots, dtype, self.device), limits.block_size)
+                              if draft is not None else None)
+        self.telemetry = Telemetry()
+        self._config_lock = threading.Lock()
+        self._check(config)
+        self.config, self._pending = config, None
+        self.drafter = self._drafter_for(config)
+
+    # -- the seam ---------------------------------------------------------------------------------
+
+    def apply(self, config: EngineConfig) -> None:
+        """Take config into use between two steps; requests in flight continue."""
+        self._check(config)
+        with self._config_lock:
+            self._pending = config
+
+    def snapshot(self) -> Window:
+        with self._config_lock:
+            config = self._pending or self.config
+        return self.telemetry.snapshot(config)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        self.check_request(prompt_ids, params)
+        seq = Sequence(request_id, list(prompt_ids), params)
+        self.scheduler.add(seq)
+        return seq
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise RequestError if the engine could never serve this request; reads only constants (thread-safe)."""
+        if not prompt_ids:
+            raise RequestError("prompt", "must not be empty")
+        if not all(0 <= t < self.target.spec.vocab_size for t in prompt_ids):
+            raise RequestError("prompt", f"token ids must be in 0..{self.target.spec.vocab_size - 1}")
+        if len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise RequestError("max_tokens", f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) "
+                               f"exceeds the model's context of {self.max_model_len} tokens")
+        if self.allocator.blocks_for(len(prompt_ids) + params.max_tokens) > self.allocator.num_blocks:
+            raise RequestError("max_tokens", "the request would not fit in the whole KV cache")
+
+    def abort(self, request_id: str) -> bool:
+        seq = self.scheduler.find(request_id)
+        if seq is None:
+            return False
+        seq.finish_reason = "abort"
+        self.scheduler.remove(seq)
+        return True
+
+    def fail_all(self) -> list[Emission]:
+        """End every request after an error inside a step, returning all their blocks."""
+        failed = [*self.scheduler.running, *self.scheduler.waiting]
+        for seq in failed:
+            seq.finish_reason = "error"
+            self.scheduler.remove(seq)
+        return [self._emission(seq) for seq in failed]
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # -- one step ---------------------------------------------------------------------------------
+
+    def step(self) -> list[Emission]:
+        self._adopt_pending_config()
+        queue_depth = len(self.scheduler.waiting)
+        plan = self.scheduler.schedule(self.config.speculative_len)
+        if not plan:
+            return []
+        started = time.perf_counter()
+        sampling = [item for item in plan if item.samples]
+        drafting = [item for item in sampling if item.draft_len > 0]
+        drafts, draft_seconds = self._draft(drafting)
+        draft_lists = self._draft_lists(sampling, drafting, drafts)
+        chunks = [self._chunk(item, draft_lists.get(id(item), [])) for item in plan]
+        target_started = time.perf_counter()
+        logits = self.target(build_forward_batch(chunks, self.limits.block_size, self.device), self.cache)
+        _synchronize(self.device)
+        target_seconds = time.perf_counter() - target_started
+        expert_tokens = self._take_expert_tokens()
+        num_accepted, next_tokens = self._verify(sampling, draft_lists, drafts, logits)
+
+        now = time.perf_counter()
+        emissions = []
+        for item in plan:
+            if not item.samples:
+                item.seq.num_computed += item.num_new
+        for item, accepted, next_token in zip(sampling, num_accepted, next_tokens):
+            seq, proposed = item.seq, draft_lists.get(id(item), [])
+            drafted_from = len(seq.tokens)
+            seq.num_computed += item.num_new + accepted
+            if proposed:
+                self.drafter.accepted(seq, drafted_from, accepted)
+            emissions.append(self._deliver(seq, proposed[:accepted] + [next_token], now))
+        self._record_step(plan, drafting, draft_lists, num_accepted, sampling, queue_depth,
+                          time.perf_counter() - started, target_seconds, draft_seconds, expert_tokens)
+        return emissions
+
+    def _drafter_for(self, config: EngineConfig) -> Drafter | None:
+        if config.spec_method == "draft_model":
+            return self.model_drafter
+        if config.spec_method == "ngram":
+            return NgramDrafter(config.ngram_min, config.ngram_max, self.device)
+        return None
+
+    def _draft(self, drafting: list[Scheduled]) -> tuple[Drafts | None, float]:
+        if not drafting:
+            return None, 0.0
+        started = time.perf_counter()
+        drafts = self.drafter.propose([item.seq for item in drafting], [item.draft_len for item in drafting])
+        _synchronize(self.device)
+        return drafts, time.perf_counter() - started
+
+    @staticmethod
+    def _draft_lists(sampling, drafting, drafts: Drafts | None) -> dict[int, list[int]]:
+        if drafts is None:
+            return {}
+        tokens, counts = drafts.tokens.tolist(), drafts.num_drafts.tolist()
+        return {id(item): tokens[i][:counts[i]] for i, item in enumerate(drafting)}
+
+    @staticmethod
+    def _chunk(item: Scheduled, proposed: list[int]) -> SequenceChunk:
+        seq = item.seq
+        fed = seq.tokens[seq.num_computed:seq.num_computed + item.num_new] + proposed
+        return SequenceChunk(fed, seq.num_computed, seq.block_table,
+                             item.num_new - 1 if item.samples else len(fed))
+
+    def _verify(self, sampling: list[Scheduled], draft_lists: dict[int, list[int]], drafts: Drafts | None,
+                logits: torch.Tensor) -> tuple[list[int], list[int]]:
+        counts = [len(draft_lists.get(id(item), [])) for item in sampling]
+        k = max(counts, default=0)
+        params = [item.seq.params for item in sampling]
+        per_row = torch.tensor(counts, device=self.device) + 1
+        temperature = torch.tensor([p.temperature for p in params], device=self.device).repeat_interleave(per_row)
+        top_p = torch.tensor([p.top_p for p in params], device=self.device).repeat_interleave(per_row)
+        probs = probs_from_logits(logits, temperature, top_p)
+        starts = torch.cumsum(per_row, 0) - per_row
+        offsets = torch.arange(k + 1, device=self.device)
+        rows = torch.where(offsets[None, :] < per_row[:, None], starts[:, None] + offsets[None, :], 0)
+        draft_tokens = torch.zeros(len(sampling), k, dtype=torch.long, device=self.device)
+        draft_probs = None
+        if drafts is not None and drafts.probs is not None:
+            draft_probs = torch.zeros(len(sampling), k, probs.shape[-1], device=self.device)
+        drafted_index = 0
+        for i, item in enumerate(sampling):
+            if counts[i]:
+                draft_tokens[i, :counts[i]] = torch.tensor(draft_lists[id(item)], device=self.device)
+                if draft_probs is not None:
+                    draft_probs[i, :counts[i]] = drafts.probs[drafted_index, :counts[i]]
+            drafted_index += id(item) in draft_lists
+        randoms = uniforms([item.seq.generator for item in sampling], [c + 1 for c in counts], self.device)
+        sample_u = randoms.gather(1, torch.tensor(counts, device=self.device)[:, None]).squeeze(1)
+        num_accepted, next_token = verify_drafts(draft_tokens, torch.tensor(counts, device=self.device), draft_probs,
+                                                 probs[rows], randoms[:, :k], sample_u)
+        return num_accepted.tolist(), next_token.tolist()
+
+    # -- delivering tokens ------------------------------------------------------------------------
+
+    def _deliver(self, seq: Sequence, tokens: list[int], now: float) -> Emission:
+        params, eos = seq.params, self.tokenizer.eos_token_ids
+        start = seq.num_output
+        for token in tokens:
+            if token in eos and not params.ignore_eos:
+                seq.finish_reason = "stop"
+                break
+            seq.tokens.append(token)
+            if params.stop and self._hit_stop_string(seq):
+                break
+            if seq.num_output >= params.max_tokens or len(seq.tokens) >= self.max_model_len:
+                seq.finish_reason = "length"
+                break
+        if not params.stop:
+            seq.text = self.tokenizer.decode(seq.output_ids)
+        delivered = seq.num_output - start
+        if delivered:
+            ttft = now - seq.arrival if seq.first_token_at is None else None
+            gap = None if ttft is not None else now - seq.last_token_at
+            self.telemetry.record_tokens(count=delivered, ttft=ttft, gap=gap)
+            seq.first_token_at = seq.first_token_at or now
+            seq.last_token_at = now
+        if seq.finished:
+            self.scheduler.remove(seq)
+            self.telemetry.record_finished(now - seq.arrival)
+        emission = self._emission(seq)
+        emission.token_ids = seq.output_ids[start:]
+        return emission
+
+    def _hit_stop_string(self, seq: Sequence) -> bool:
+        text = self.tokenizer.decode(seq.output_ids)
+        lookback = max(len(s) for s in seq.params.stop) + 8
+        found = [i for s in seq.params.stop if (i := text.find(s, max(0, len(seq.text) - lookback))) >= 0]
+        seq.text = text[:min(found)] if found else text
+        if found:
+            seq.finish_reason = "stop"
+        return bool(found)
+
+    def _emission(self, seq: Sequence) -> Emission:
+        text = seq.text[seq.emitted_chars:]
+        if not seq.finished:
+            text = text.rstrip("\ufffd")
+        seq.emitted_chars += len(text)
+        return Emission(seq.request_id, [], text, seq.finish_reason, len(seq.prompt_ids), seq.num_output)
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+
+    def _record_step(self, plan, drafting, draft_lists, num_accepted, sampling, queue_depth, step_seconds,
+                     target_seconds, draft_seconds, expert_tokens) -> None:
+        accepted_by_item = {id(item): n for item, n in zip(sampling, num_accepted)}
+        proposed = [len(draft_lists[id(item)]) for item in drafting]
+        accepted = [accepted_by_item[id(item)] for item in drafting]
+        k = max(proposed, default=0)
+        self.telemetry.record_step(
+            batch_size=len(plan), queue_depth=queue_depth, step_seconds=step_seconds,
+            target_seconds=target_seconds, draft_seconds=draft_seconds,
+            drafted_per_position=[sum(p > j for p in proposed) for j in range(k)],
+            accepted_per_position=[sum(a > j for a in accepted) for j in range(k)],
+            num_drafts=sum(p > 0 for p in proposed),
+            prefill_tokens=sum(item.num_new for item in plan if item.prefill),
+            expert_tokens=expert_tokens)
+
+    def _take_expert_tokens(self) -> torch.Tensor | None:
+        blocks = self.target.moe_blocks
+        if not blocks:
+            return None
+        counts = torch.stack([block.expert_tokens for block in blocks]).cpu()
+        for block in blocks:
+            block.expert_tokens.zero_()
+        return counts
+
+    def _adopt_pending_config(self) -> None:
+        with self._config_lock:
+            if self._pending is not None:
+                self.config, self._pending = self._pending, None
+                self.drafter = self._drafter_for(self.config)
+
+    def _check(self, config: EngineConfig) -> None:
+        if config.spec_method == "draft_model" and config.draft_len > 0 and self.model_drafter is None:
+            raise RequestError("spec_method", "'draft_model' needs a draft model; this engine has none "
+                               "(allowed here: 'off', 'ngram')")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

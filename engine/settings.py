@@ -1,0 +1,22 @@
+"""Service settings: environment (GOVERNOR_*) first, command-line flags override."""
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from engine.models import DEFAULT_MODEL
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GOVERNOR_", extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    model: str = DEFAULT_MODEL
+    draft: str | None = Field(None, description="name, path, self:N (target's first N layers) or none")
+    admin_token: str | None = None
+    demo_traffic: bool = False
+    kv_cache_tokens: int = Field(16384, ge=64)
+    max_num_seqs: int = Field(32, ge=1)
+    max_batch_tokens: int = Field(512, ge=16)
+    default_max_tokens: int = Field(64, ge=1)

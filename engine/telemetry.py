@@ -1,0 +1,102 @@
+"""Accumulates the engine's own measurements and closes them into Windows."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.config import EngineConfig
+from engine.window import LatencySummary, Window
+
+MAX_SAMPLES = 50_000  # per window and distribution; an unread window keeps the latest ones
+
+
+def _samples() -> deque:
+    return deque(maxlen=MAX_SAMPLES)
+
+
+@dataclass
+class _Accumulator:
+    start: float = field(default_factory=time.time)
+    steps: int = 0
+    num_drafts: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    emitted_tokens: int = 0
+    prefill_tokens: int = 0
+    finished_requests: int = 0
+    target_forward_seconds: float = 0.0
+    draft_forward_seconds: float = 0.0
+    step_seconds: float = 0.0
+    ttft: deque = field(default_factory=_samples)
+    inter_token: deque = field(default_factory=_samples)
+    e2e: deque = field(default_factory=_samples)
+    batch_sizes: deque = field(default_factory=_samples)
+    queue_depths: deque = field(default_factory=_samples)
+    expert_tokens: torch.Tensor | None = None
+
+
+def _add_per_position(totals: list[int], counts: list[int]) -> None:
+    totals.extend([0] * (len(counts) - len(totals)))
+    for i, c in enumerate(counts):
+        totals[i] += c
+
+
+class Telemetry:
+    """Written by the engine thread, read by anyone through snapshot(); thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._acc = _Accumulator()
+
+    def record_step(self, *, batch_size: int, queue_depth: int, step_seconds: float, target_seconds: float,
+                    draft_seconds: float, drafted_per_position: list[int], accepted_per_position: list[int],
+                    num_drafts: int, prefill_tokens: int, expert_tokens: torch.Tensor | None) -> None:
+        with self._lock:
+            acc = self._acc
+            acc.steps += 1
+            acc.batch_sizes.append(batch_size)
+            acc.queue_depths.append(queue_depth)
+            acc.step_seconds += step_seconds
+            acc.target_forward_seconds += target_seconds
+            acc.draft_forward_seconds += draft_seconds
+            acc.num_drafts += num_drafts
+            acc.prefill_tokens += prefill_tokens
+            _add_per_position(acc.drafted_per_position, drafted_per_position)
+            _add_per_position(acc.accepted_per_position, accepted_per_position)
+            if expert_tokens is not None:
+                acc.expert_tokens = expert_tokens if acc.expert_tokens is None else acc.expert_tokens + expert_tokens
+
+    def record_tokens(self, *, count: int, ttft: float | None, gap: float | None) -> None:
+        """count tokens delivered at once; a gap since the previous delivery is spread evenly over them."""
+        with self._lock:
+            self._acc.emitted_tokens += count
+            if ttft is not None:
+                self._acc.ttft.append(ttft)
+            if gap is not None:
+                self._acc.inter_token.extend([gap / count] * count)
+
+    def record_finished(self, e2e: float) -> None:
+        with self._lock:
+            self._acc.finished_requests += 1
+            self._acc.e2e.append(e2e)
+
+    def snapshot(self, config: EngineConfig) -> Window:
+        with self._lock:
+            acc, self._acc = self._acc, _Accumulator()
+        sizes, depths = acc.batch_sizes or [0], acc.queue_depths or [0]
+        return Window(
+            start=acc.start, end=time.time(), config_version=config.version, spec_method=config.spec_method,
+            draft_len=config.speculative_len, steps=acc.steps, num_drafts=acc.num_drafts,
+            drafted_tokens=sum(acc.drafted_per_position), accepted_tokens=sum(acc.accepted_per_position),
+            drafted_per_position=acc.drafted_per_position, accepted_per_position=acc.accepted_per_position,
+            emitted_tokens=acc.emitted_tokens, prefill_tokens=acc.prefill_tokens,
+            finished_requests=acc.finished_requests, target_forward_seconds=acc.target_forward_seconds,
+            draft_forward_seconds=acc.draft_forward_seconds, step_seconds=acc.step_seconds,
+            ttft_seconds=LatencySummary.of(list(acc.ttft)), inter_token_seconds=LatencySummary.of(list(acc.inter_token)),
+            e2e_seconds=LatencySummary.of(list(acc.e2e)), batch_size_mean=sum(sizes) / len(sizes),
+            batch_size_max=max(sizes), queue_depth_mean=sum(depths) / len(depths), queue_depth_max=max(depths),
+            expert_tokens=None if acc.expert_tokens is None else acc.expert_tokens.tolist())

@@ -1,0 +1,1 @@
+"""Training of the shipped byte-level default models (target MoE and its distilled draft)."""

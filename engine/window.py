@@ -1,0 +1,74 @@
+"""Window: what the engine measured between two snapshots. The controller judges configs on these."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    count: int
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    max: float | None
+
+    @classmethod
+    def of(cls, samples: list[float]) -> LatencySummary:
+        if not samples:
+            return cls(0, None, None, None, None, None)
+        values = np.asarray(samples)
+        p50, p90, p99 = np.percentile(values, [50, 90, 99]).tolist()
+        return cls(len(samples), float(values.mean()), p50, p90, p99, float(values.max()))
+
+
+@dataclass(frozen=True)
+class Window:
+    start: float                      # unix seconds
+    end: float
+    config_version: int
+    spec_method: str
+    draft_len: int
+    steps: int
+    num_drafts: int                   # sequence-steps that verified at least one draft token
+    drafted_tokens: int
+    accepted_tokens: int
+    drafted_per_position: list[int]
+    accepted_per_position: list[int]
+    emitted_tokens: int
+    prefill_tokens: int
+    finished_requests: int
+    target_forward_seconds: float
+    draft_forward_seconds: float
+    step_seconds: float
+    ttft_seconds: LatencySummary
+    inter_token_seconds: LatencySummary
+    e2e_seconds: LatencySummary
+    batch_size_mean: float
+    batch_size_max: int
+    queue_depth_mean: float
+    queue_depth_max: int
+    expert_tokens: list[list[int]] | None   # [layers][experts] tokens routed, MoE targets only
+
+    @property
+    def duration_seconds(self) -> float:
+        return max(self.end - self.start, 1e-9)
+
+    @property
+    def goodput_tokens_per_second(self) -> float:
+        return self.emitted_tokens / self.duration_seconds
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        return 1 + self.accepted_tokens / self.num_drafts if self.num_drafts else None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "duration_seconds": self.duration_seconds,
+                "goodput_tokens_per_second": self.goodput_tokens_per_second,
+                "acceptance_rate": self.acceptance_rate, "mean_acceptance_length": self.mean_acceptance_length}
