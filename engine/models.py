@@ -18,7 +18,9 @@ ASSETS = Path(__file__).parent / "assets"
 DEFAULT_MODEL = "governor-moe"
 SMOLLM2 = "smollm2-135m-instruct"
 SHIPPED_FOLDERS = {"governor-moe": ASSETS / "governor-moe", "governor-draft": ASSETS / "governor-draft"}
-DEFAULT_DRAFTS = {"governor-moe": "governor-draft", SMOLLM2: "self:8"}
+DEFAULT_DRAFTS = {"governor-moe": "governor-draft", SMOLLM2: "self:20"}
+# SmolLM2's untrained early exit accepts poorly (README), so it starts on prompt lookup.
+DEFAULT_SPEC_METHODS = {SMOLLM2: "ngram"}
 SHIPPED_NAMES = sorted([*SHIPPED_FOLDERS, SMOLLM2])
 
 
@@ -84,5 +86,6 @@ def load_models(model: str = DEFAULT_MODEL, draft: str | None = None, cache_dir:
 def build_engine(models: LoadedModels, config: EngineConfig | None = None,
                  limits: EngineLimits = EngineLimits()) -> Engine:
     if config is None:
-        config = EngineConfig(spec_method="draft_model" if models.draft is not None else "ngram")
+        fallback = "draft_model" if models.draft is not None else "ngram"
+        config = EngineConfig(spec_method=DEFAULT_SPEC_METHODS.get(models.name, fallback))
     return Engine(models.target, models.tokenizer, models.draft, config, limits)
