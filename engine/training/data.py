@@ -36,8 +36,10 @@ def stdlib_files(split: str) -> list[Path]:
 
 
 def encode_files(files: list[Path]) -> torch.Tensor:
+    """<bos> bytes <eos> for every file, concatenated."""
     chunks = []
     for path in files:
+        chunks.append(np.array([BOS], dtype=np.int64))
         chunks.append(np.frombuffer(path.read_bytes(), dtype=np.uint8).astype(np.int64))
         chunks.append(np.array([EOS], dtype=np.int64))
     return torch.from_numpy(np.concatenate(chunks))

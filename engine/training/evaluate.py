@@ -16,7 +16,9 @@ def load_fp32(path: Path) -> PreTrainedModel:
 
 
 @torch.no_grad()
-def bits_per_byte(model: PreTrainedModel, corpus: torch.Tensor, seq_len: int = 512, windows: int = 128, batch_size: int = 8) -> float:
+def bits_per_byte(
+    model: PreTrainedModel, corpus: torch.Tensor, seq_len: int = 512, windows: int = 128, batch_size: int = 8
+) -> float:
     batches = evenly_spaced_windows(corpus, seq_len, windows).split(batch_size)
     total_nats = 0.0
     predicted = 0
@@ -29,7 +31,9 @@ def bits_per_byte(model: PreTrainedModel, corpus: torch.Tensor, seq_len: int = 5
 
 
 @torch.no_grad()
-def expert_token_share(model: PreTrainedModel, corpus: torch.Tensor, seq_len: int = 512, windows: int = 32) -> list[list[float]]:
+def expert_token_share(
+    model: PreTrainedModel, corpus: torch.Tensor, seq_len: int = 512, windows: int = 32
+) -> list[list[float]]:
     batch = evenly_spaced_windows(corpus, seq_len, windows)
     router_logits = model(input_ids=batch, output_router_logits=True, use_cache=False).router_logits
     top_k = model.config.num_experts_per_tok
@@ -76,7 +80,9 @@ def accepted_prefix(proposal: torch.Tensor, verified: torch.Tensor) -> int:
 
 
 @torch.no_grad()
-def greedy_acceptance(target: PreTrainedModel, draft: PreTrainedModel, contexts: list[torch.Tensor], k: int = 4, new_tokens: int = 64) -> float:
+def greedy_acceptance(
+    target: PreTrainedModel, draft: PreTrainedModel, contexts: list[torch.Tensor], k: int = 4, new_tokens: int = 64
+) -> float:
     """Share of drafted tokens the target accepts when both decode greedily, k drafted per verification."""
     accepted = drafted = 0
     for context in contexts:
