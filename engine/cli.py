@@ -48,6 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
     from engine.models import build_engine, load_models
     from engine.service import EngineService
     from engine.settings import Settings
+    from engine.spec import ModelFolderError
 
     overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
     try:
@@ -57,7 +58,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"governor serve: --{str(first['loc'][0]).replace('_', '-')}: {first['msg']}", file=sys.stderr)
         return 2
     print(f"governor: loading {settings.model} ...", file=sys.stderr, flush=True)
-    models = load_models(settings.model, settings.draft)
+    try:
+        models = load_models(settings.model, settings.draft)
+    except (ModelFolderError, ModuleNotFoundError) as error:
+        print(f"governor serve: {error}", file=sys.stderr)
+        return 2
     limits = EngineLimits(kv_cache_tokens=settings.kv_cache_tokens, max_num_seqs=settings.max_num_seqs,
                           max_batch_tokens=settings.max_batch_tokens)
     service = EngineService(build_engine(models, limits=limits))
