@@ -137,7 +137,7 @@ class Engine:
         sampling = [item for item in plan if item.samples]
         drafting = [item for item in sampling if item.draft_len > 0]
         drafts, draft_seconds = self._draft(drafting)
-        draft_lists = self._draft_lists(sampling, drafting, drafts)
+        draft_lists = self._draft_lists(drafting, drafts)
         chunks = [self._chunk(item, draft_lists.get(id(item), [])) for item in plan]
         target_started = time.perf_counter()
         logits = self.target(build_forward_batch(chunks, self.limits.block_size, self.device), self.cache)
@@ -178,7 +178,7 @@ class Engine:
         return drafts, time.perf_counter() - started
 
     @staticmethod
-    def _draft_lists(sampling, drafting, drafts: Drafts | None) -> dict[int, list[int]]:
+    def _draft_lists(drafting: list[Scheduled], drafts: Drafts | None) -> dict[int, list[int]]:
         if drafts is None:
             return {}
         tokens, counts = drafts.tokens.tolist(), drafts.num_drafts.tolist()
@@ -193,6 +193,8 @@ class Engine:
 
     def _verify(self, sampling: list[Scheduled], draft_lists: dict[int, list[int]], drafts: Drafts | None,
                 logits: torch.Tensor) -> tuple[list[int], list[int]]:
+        if not sampling:
+            return [], []
         counts = [len(draft_lists.get(id(item), [])) for item in sampling]
         k = max(counts, default=0)
         params = [item.seq.params for item in sampling]
@@ -264,6 +266,7 @@ class Engine:
         text = seq.text[seq.emitted_chars:]
         if not seq.finished:
             text = text.rstrip("\ufffd")
+            text = text[:len(text) - _partial_stop_length(text, seq.params.stop)]
         seq.emitted_chars += len(text)
         return Emission(seq.request_id, [], text, seq.finish_reason, len(seq.prompt_ids), seq.num_output)
 
@@ -308,3 +311,9 @@ class Engine:
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _partial_stop_length(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest tail of text that could still grow into a stop string; it is held back."""
+    return max((n for stop in stops for n in range(min(len(stop) - 1, len(text)), 0, -1)
+                if stop.startswith(text[-n:])), default=0)

@@ -68,9 +68,11 @@ def test_openai_client_streams_chat_chunks_that_add_up_to_the_whole_reply(client
 
 
 def test_stop_string_ends_the_completion_before_the_stop_text(client):
-    reply = client.completions.create(model="governor-moe", prompt="import os\nimport sys\nimport", max_tokens=40,
-                                      temperature=0, stop=["\n"])
-    assert "\n" not in reply.choices[0].text
+    kwargs = dict(model="governor-moe", prompt="import os\nimport sys\nimport", max_tokens=40, temperature=0)
+    unstopped = client.completions.create(**kwargs).choices[0].text
+    stop = unstopped[12:15]
+    reply = client.completions.create(**kwargs, stop=[stop])
+    assert reply.choices[0].text == unstopped[:unstopped.index(stop)]
     assert reply.choices[0].finish_reason == "stop"
 
 

@@ -16,7 +16,7 @@ from tests.engine.helpers import make_engine
 SAMPLES = 3000
 SIGNIFICANCE = 1e-3
 MIN_CONDITIONED = 300
-PROMPT = "        self.x = x\n        self.y = y\n        self."
+PROMPT = "    def __repr__(self):\n        return "
 
 
 def _target_distribution(model, ids: list[int], temperature: float, top_p: float) -> np.ndarray:
@@ -29,7 +29,7 @@ def _target_distribution(model, ids: list[int], temperature: float, top_p: float
 
 def _chi_square_p(observed: Counter, expected_probs: np.ndarray) -> float:
     n = sum(observed.values())
-    expected = expected_probs * n
+    expected = expected_probs.astype(np.float64) / expected_probs.sum(dtype=np.float64) * n
     big = np.flatnonzero(expected >= 5)
     small = np.setdiff1d(np.arange(len(expected)), big)
     observed_bins = [observed.get(int(t), 0) for t in big] + [sum(observed.get(int(t), 0) for t in small)]
@@ -37,7 +37,10 @@ def _chi_square_p(observed: Counter, expected_probs: np.ndarray) -> float:
     if expected_bins[-1] < 1e-9:
         assert observed_bins[-1] == 0, "sampled a token the target gives zero probability"
         observed_bins, expected_bins = observed_bins[:-1], expected_bins[:-1]
-    return chisquare(observed_bins, np.asarray(expected_bins) * sum(observed_bins) / sum(expected_bins)).pvalue
+    if len(observed_bins) == 1:
+        return 1.0  # a single possible token, and the assertion above saw nothing else sampled
+    expected_bins = np.asarray(expected_bins)
+    return chisquare(observed_bins, expected_bins * sum(observed_bins) / expected_bins.sum()).pvalue
 
 
 @pytest.mark.parametrize("spec_method, temperature, top_p", [("draft_model", 1.0, 1.0), ("draft_model", 0.8, 0.9),
