@@ -79,7 +79,7 @@ class EngineMetrics:
         self.all_to_all_seconds = counter("governor_moe_all_to_all_seconds", "Seconds in expert-parallel "
                                           "all-to-all communication").labels(model)
         self.balancedness = gauge("governor_moe_balancedness_ratio", "Balancedness of the last step: sum over "
-                                  "layers of mean rank tokens / sum of max rank tokens (vLLM)").labels(model)
+                                  "layers of mean rank tokens / sum of max rank tokens (vLLM)")
         self.layer_balancedness = gauge("governor_moe_layer_balancedness_ratio", "Balancedness of the last step, "
                                         "per MoE layer: mean rank tokens / max rank tokens", ("layer",))
 
@@ -122,7 +122,7 @@ class EngineMetrics:
         if all_to_all_seconds is not None:
             self.all_to_all_seconds.inc(all_to_all_seconds)
         if balancedness is not None:
-            self.balancedness.set(balancedness)
+            self.balancedness.labels(self.model).set(balancedness)
         for layer, value in enumerate(balancedness_per_layer or ()):
             if value is not None:
                 self.layer_balancedness.labels(self.model, str(layer)).set(value)
