@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = benches.add_parser("spec", help="speculative decoding: k = 0..8, beside transformers")
     add_spec_arguments(spec)
     spec.set_defaults(run=run_spec_bench)
+    from engine.bench.telemetry import add_telemetry_arguments, run_telemetry_bench
+
+    telemetry = benches.add_parser("telemetry", help="tokens/s with Prometheus metrics and tracing on vs off")
+    add_telemetry_arguments(telemetry)
+    telemetry.set_defaults(run=run_telemetry_bench)
 
     args = parser.parse_args(argv)
     return args.run(args)

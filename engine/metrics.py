@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from engine.config import EngineConfig
@@ -31,8 +34,8 @@ class EngineMetrics:
         self._config = _ConfigInfo(model)
         self.registry.register(self._config)
 
-        def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
-            return Counter(name, doc, ("model", *labels), registry=self.registry)
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, ("model",), registry=self.registry).labels(model)
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, ("model",), registry=self.registry, buckets=buckets).labels(model)
@@ -41,24 +44,25 @@ class EngineMetrics:
             return Gauge(name, doc, ("model", *labels), registry=self.registry)
 
         self.model = model
+        self._children: dict[tuple[int, tuple[int, ...]], Counter | Gauge] = {}
         self.num_drafts = counter("governor_spec_decode_num_drafts", "Sequence-steps that verified at least one "
-                                  "draft token (vllm:spec_decode_num_drafts)").labels(model)
+                                  "draft token (vllm:spec_decode_num_drafts)")
         self.num_draft_tokens = counter("governor_spec_decode_num_draft_tokens", "Draft tokens proposed and "
-                                        "verified (vllm:spec_decode_num_draft_tokens)").labels(model)
+                                        "verified (vllm:spec_decode_num_draft_tokens)")
         self.num_accepted_tokens = counter("governor_spec_decode_num_accepted_tokens", "Draft tokens accepted "
-                                           "(vllm:spec_decode_num_accepted_tokens)").labels(model)
-        self.accepted_per_pos = counter("governor_spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted "
-                                        "at draft position (0-based) (vllm:spec_decode_num_accepted_tokens_per_pos)",
-                                        ("position",))
-        self.draft_tokens_per_pos = counter("governor_spec_decode_num_draft_tokens_per_pos", "Draft tokens "
-                                            "verified at draft position (0-based)", ("position",))
+                                           "(vllm:spec_decode_num_accepted_tokens)")
+        self.accepted_per_pos = self._array("governor_spec_decode_num_accepted_tokens_per_pos", "Draft tokens "
+                                            "accepted at draft position (0-based) "
+                                            "(vllm:spec_decode_num_accepted_tokens_per_pos)", "position")
+        self.draft_tokens_per_pos = self._array("governor_spec_decode_num_draft_tokens_per_pos", "Draft tokens "
+                                                "verified at draft position (0-based)", "position")
         self.generation_tokens = counter("governor_generation_tokens", "Tokens delivered to clients "
-                                         "(emitted)").labels(model)
-        self.prompt_tokens = counter("governor_prompt_tokens", "Prompt tokens prefilled").labels(model)
-        self.finished = counter("governor_requests_finished", "Requests finished").labels(model)
+                                         "(emitted)")
+        self.prompt_tokens = counter("governor_prompt_tokens", "Prompt tokens prefilled")
+        self.finished = counter("governor_requests_finished", "Requests finished")
         self.target_seconds = counter("governor_target_forward_seconds", "Seconds in target model forwards "
-                                      "(verification and prefill)").labels(model)
-        self.draft_seconds = counter("governor_draft_forward_seconds", "Seconds in drafting").labels(model)
+                                      "(verification and prefill)")
+        self.draft_seconds = counter("governor_draft_forward_seconds", "Seconds in drafting")
         self.steps = histogram("governor_step_duration_seconds", "Engine step wall time; _count counts steps and "
                                "_sum their seconds", STEP_BUCKETS)
         self.ttft = histogram("governor_time_to_first_token_seconds", "Arrival to first token delivered",
@@ -68,20 +72,25 @@ class EngineMetrics:
         self.e2e = histogram("governor_e2e_request_latency_seconds", "Arrival to the last token", E2E_BUCKETS)
         self.batch_size = gauge("governor_batch_size", "Sequences in the running batch now").labels(model)
         self.queue_depth = gauge("governor_queue_depth", "Requests waiting for admission now").labels(model)
-        self.expert_tokens = counter("governor_expert_tokens", "Tokens routed to each logical expert "
-                                     "(top-k assignments, before any drop)", ("layer", "expert"))
-        self.slot_tokens = counter("governor_moe_slot_tokens", "Tokens computed by each physical expert slot",
-                                   ("layer", "slot"))
-        self.rank_tokens = counter("governor_moe_rank_tokens", "Tokens computed on each expert-parallel rank",
-                                   ("layer", "rank"))
-        self.dropped_tokens = counter("governor_moe_dropped_tokens", "Token assignments dropped over expert "
-                                      "capacity", ("layer",))
+        self.expert_tokens = self._array("governor_expert_tokens", "Tokens routed to each logical expert "
+                                         "(top-k assignments, before any drop)", "layer", "expert")
+        self.slot_tokens = self._array("governor_moe_slot_tokens", "Tokens computed by each physical expert slot",
+                                       "layer", "slot")
+        self.rank_tokens = self._array("governor_moe_rank_tokens", "Tokens computed on each expert-parallel rank",
+                                       "layer", "rank")
+        self.dropped_tokens = self._array("governor_moe_dropped_tokens", "Token assignments dropped over expert "
+                                          "capacity", "layer")
         self.all_to_all_seconds = counter("governor_moe_all_to_all_seconds", "Seconds in expert-parallel "
-                                          "all-to-all communication").labels(model)
+                                          "all-to-all communication")
         self.balancedness = gauge("governor_moe_balancedness_ratio", "Balancedness of the last step: sum over "
                                   "layers of mean rank tokens / sum of max rank tokens (vLLM)")
         self.layer_balancedness = gauge("governor_moe_layer_balancedness_ratio", "Balancedness of the last step, "
                                         "per MoE layer: mean rank tokens / max rank tokens", ("layer",))
+
+    def _array(self, name: str, doc: str, *labels: str) -> _ArrayCounter:
+        counter = _ArrayCounter(name, doc, self.model, labels)
+        self.registry.register(counter)
+        return counter
 
     def watch_load(self, running: Callable[[], int], waiting: Callable[[], int]) -> None:
         """Read batch size and queue depth when scraped, so they are current even while the engine idles."""
@@ -111,21 +120,23 @@ class EngineMetrics:
         self.num_drafts.inc(num_drafts)
         self.num_draft_tokens.inc(sum(drafted_per_position))
         self.num_accepted_tokens.inc(sum(accepted_per_position))
-        self._add_per_position(self.draft_tokens_per_pos, drafted_per_position)
-        self._add_per_position(self.accepted_per_pos, accepted_per_position)
+        if drafted_per_position:
+            self.draft_tokens_per_pos.add(drafted_per_position)
+            self.accepted_per_pos.add(accepted_per_position)
         self.prompt_tokens.inc(prefill_tokens)
-        self._add_grid(self.expert_tokens, expert_tokens)
-        self._add_grid(self.slot_tokens, slot_tokens)
-        self._add_grid(self.rank_tokens, rank_tokens)
-        for layer, dropped in enumerate(dropped_per_layer or ()):
-            self.dropped_tokens.labels(self.model, str(layer)).inc(dropped)
+        for grid, counts in ((self.expert_tokens, expert_tokens), (self.slot_tokens, slot_tokens),
+                             (self.rank_tokens, rank_tokens)):
+            if counts is not None:
+                grid.add(counts)
+        if dropped_per_layer is not None:
+            self.dropped_tokens.add(dropped_per_layer)
         if all_to_all_seconds is not None:
             self.all_to_all_seconds.inc(all_to_all_seconds)
         if balancedness is not None:
-            self.balancedness.labels(self.model).set(balancedness)
+            self._child(self.balancedness).set(balancedness)
         for layer, value in enumerate(balancedness_per_layer or ()):
             if value is not None:
-                self.layer_balancedness.labels(self.model, str(layer)).set(value)
+                self._child(self.layer_balancedness, layer).set(value)
 
     def record_tokens(self, *, count: int, ttft: float | None, gap: float | None) -> None:
         self.generation_tokens.inc(count)
@@ -139,17 +150,44 @@ class EngineMetrics:
         self.finished.inc()
         self.e2e.observe(e2e)
 
-    def _add_per_position(self, counter: Counter, counts: list[int]) -> None:
-        for position, count in enumerate(counts):
-            counter.labels(self.model, str(position)).inc(count)
+    def _child(self, metric: Counter | Gauge, *labels: int) -> Counter | Gauge:
+        """The labelled child, looked up once: labels() validates and locks on every call, too slow per step."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(self.model, *map(str, labels))
+        return child
 
-    def _add_grid(self, counter: Counter, grid: Sequence[Sequence[int]] | None) -> None:
-        if grid is None:
-            return
-        rows = grid.tolist() if hasattr(grid, "tolist") else grid
-        for layer, row in enumerate(rows):
-            for column, count in enumerate(row):
-                counter.labels(self.model, str(layer), str(column)).inc(count)
+
+class _ArrayCounter(Collector):
+    """Counters over bounded integer labels (position; layer and expert) kept as one array: an event adds its whole
+    vector or grid at once, several times cheaper than a labelled child per cell."""
+
+    def __init__(self, name: str, doc: str, model: str, labels: tuple[str, ...]):
+        self.name, self.doc, self.model, self.labels = name, doc, model, labels
+        self._lock = threading.Lock()
+        self._total = np.zeros((0,) * len(labels))
+
+    def add(self, counts) -> None:
+        counts = np.asarray(counts, dtype=np.float64)
+        with self._lock:
+            if counts.shape != self._total.shape:
+                shape = np.maximum(counts.shape, self._total.shape)
+                self._total = _pad(self._total, shape)
+                counts = _pad(counts, shape)
+            self._total += counts
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        with self._lock:
+            total = self._total.copy()
+        family = CounterMetricFamily(self.name, self.doc, labels=["model", *self.labels])
+        for index, value in np.ndenumerate(total):
+            family.add_metric([self.model, *map(str, index)], value)
+        yield family
+
+
+def _pad(array: np.ndarray, shape) -> np.ndarray:
+    return np.pad(array, [(0, n - m) for n, m in zip(shape, array.shape)])
 
 
 class _ConfigInfo(Collector):
