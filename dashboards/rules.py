@@ -41,12 +41,14 @@ def _quantile(q: float, histogram: str) -> str:
 
 
 def recording_rules() -> list[dict]:
+    accepted = "governor_spec_decode_num_accepted_tokens_total"
     rules = [
-        {"record": "governor:generation_tokens:rate", "expr": f"sum by ({BY}) (rate(governor_generation_tokens_total[$w]))"},
+        {"record": "governor:generation_tokens:rate",
+         "expr": f"sum by ({BY}) (rate(governor_generation_tokens_total[$w]))"},
         {"record": "governor:spec_decode_acceptance:ratio",
-         "expr": _ratio("governor_spec_decode_num_accepted_tokens_total", "governor_spec_decode_num_draft_tokens_total")},
+         "expr": _ratio(accepted, "governor_spec_decode_num_draft_tokens_total")},
         {"record": "governor:spec_decode_mean_acceptance_length",
-         "expr": "1 + " + _ratio("governor_spec_decode_num_accepted_tokens_total", "governor_spec_decode_num_drafts_total")},
+         "expr": "1 + " + _ratio(accepted, "governor_spec_decode_num_drafts_total")},
         {"record": "governor:spec_decode_acceptance_per_pos:ratio",
          "expr": _ratio("governor_spec_decode_num_accepted_tokens_per_pos_total",
                         "governor_spec_decode_num_draft_tokens_per_pos_total", f"{BY}, position")},

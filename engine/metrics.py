@@ -11,7 +11,6 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -44,7 +43,6 @@ class EngineMetrics:
             return Gauge(name, doc, ("model", *labels), registry=self.registry)
 
         self.model = model
-        self._children: dict[tuple[int, tuple[int, ...]], Counter | Gauge] = {}
         self.num_drafts = counter("governor_spec_decode_num_drafts", "Sequence-steps that verified at least one "
                                   "draft token (vllm:spec_decode_num_drafts)")
         self.num_draft_tokens = counter("governor_spec_decode_num_draft_tokens", "Draft tokens proposed and "
@@ -133,10 +131,10 @@ class EngineMetrics:
         if all_to_all_seconds is not None:
             self.all_to_all_seconds.inc(all_to_all_seconds)
         if balancedness is not None:
-            self._child(self.balancedness).set(balancedness)
+            self.balancedness.labels(self.model).set(balancedness)
         for layer, value in enumerate(balancedness_per_layer or ()):
             if value is not None:
-                self._child(self.layer_balancedness, layer).set(value)
+                self.layer_balancedness.labels(self.model, str(layer)).set(value)
 
     def record_tokens(self, *, count: int, ttft: float | None, gap: float | None) -> None:
         self.generation_tokens.inc(count)
@@ -149,14 +147,6 @@ class EngineMetrics:
     def record_finished(self, e2e: float) -> None:
         self.finished.inc()
         self.e2e.observe(e2e)
-
-    def _child(self, metric: Counter | Gauge, *labels: int) -> Counter | Gauge:
-        """The labelled child, looked up once: labels() validates and locks on every call, too slow per step."""
-        key = (id(metric), labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(self.model, *map(str, labels))
-        return child
 
 
 class _ArrayCounter(Collector):

@@ -181,8 +181,10 @@ def _figure(data: dict):
     throughput.set(title=f"{data['settings']['model']}: tokens/s per repetition", xlabel="repetition",
                    ylabel="tokens/s")
     throughput.set_ylim(bottom=0)
+    throughput.set_xticks(list(reps))
     throughput.legend()
     ratios.bar(reps, data["pair_ratios"], color="C2")
+    ratios.set_xticks(list(reps))
     ratios.axhline(TARGET_RATIO, color="C3", linestyle="--", label=f"target {TARGET_RATIO}")
     ratios.axhline(data["ratio"], color="gray", linestyle=":", label=f"median {data['ratio']:.3f}")
     ratios.set(title="telemetry on / off, same repetition", xlabel="repetition", ylabel="ratio",

@@ -3,7 +3,6 @@
 The rules are the shipped generator's, rendered with a test SLO every real request breaks and short windows; the
 Alertmanager config is the shipped one, pointed at a loopback receiver that stands in for the controller's /alerts.
 """
-import time
 from pathlib import Path
 
 import httpx
@@ -30,7 +29,8 @@ def _prometheus_config(governor_port: int, alertmanager_port: int, rules: Path) 
     return {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(rules)],
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]}]},
-            "scrape_configs": [{"job_name": "governor", "static_configs": [{"targets": [f"127.0.0.1:{governor_port}"]}]}]}
+            "scrape_configs": [{"job_name": "governor",
+                                "static_configs": [{"targets": [f"127.0.0.1:{governor_port}"]}]}]}
 
 
 def _delivered(receiver: WebhookReceiver) -> list[tuple[dict, dict, dict]]:

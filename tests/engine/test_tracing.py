@@ -138,7 +138,8 @@ def test_tracing_stays_off_when_the_environment_says_so(clean_otel_env, variable
 
 @pytest.mark.parametrize(("variables", "named"), [
     ({"OTEL_TRACES_EXPORTER": "zipkin_json"}, "OTEL_TRACES_EXPORTER: exporter 'zipkin_json' is not installed"),
-    ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "pigeon"}, "OTEL_EXPORTER_OTLP_PROTOCOL: 'pigeon'"),
+    ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "pigeon"},
+     "OTEL_EXPORTER_OTLP_PROTOCOL: 'pigeon'"),
 ])
 def test_an_unusable_exporter_setting_is_refused_naming_it(clean_otel_env, variables, named):
     for name, value in variables.items():
