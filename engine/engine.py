@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +55,7 @@ class Emission:
 class Engine:
     def __init__(self, target: Transformer, tokenizer: Tokenizer, draft: Transformer | None = None,
                  config: EngineConfig = EngineConfig(), limits: EngineLimits = EngineLimits(),
-                 sinks: Sequence[TelemetrySink] = ()):
+                 sinks: Iterable[TelemetrySink] = ()):
         if draft is not None and draft.spec.vocab_size != target.spec.vocab_size:
             raise ValueError(f"draft vocab_size {draft.spec.vocab_size} != target vocab_size {target.spec.vocab_size}")
         self.target, self.tokenizer, self.limits = target, tokenizer, limits
