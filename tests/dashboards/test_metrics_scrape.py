@@ -48,3 +48,14 @@ def test_live_scrape_counts_a_request_and_carries_the_live_config(governor):
     assert labels["version"] == str(config["version"])
     assert labels["spec_method"] == config["spec_method"]
     assert labels["draft_len"] == str(config["draft_len"])
+
+
+def test_scraping_leaves_the_controllers_window_alone(governor):
+    url, _ = governor
+    httpx.get(f"{url}/admin/window", timeout=30)  # closes whatever window was open
+    reply = _complete(url, "while True:\n", max_tokens=10)
+    for _ in range(3):
+        assert httpx.get(f"{url}/metrics", timeout=30).status_code == 200
+    window = httpx.get(f"{url}/admin/window", timeout=30).json()
+    assert window["emitted_tokens"] == reply["usage"]["completion_tokens"] == 10
+    assert window["finished_requests"] == 1
