@@ -159,7 +159,8 @@ class _ArrayCounter(Collector):
         self._total = np.zeros((0,) * len(labels))
 
     def add(self, counts) -> None:
-        counts = np.asarray(counts, dtype=np.float64)
+        """counts: nested lists, a NumPy array or a tensor on any device."""
+        counts = np.asarray(counts.tolist() if hasattr(counts, "tolist") else counts, dtype=np.float64)
         with self._lock:
             if counts.shape != self._total.shape:
                 shape = np.maximum(counts.shape, self._total.shape)
