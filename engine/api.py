@@ -6,16 +6,22 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from engine.api_schema import ChatCompletionRequest, CompletionRequest
 from engine.config import EngineConfig
 from engine.engine import Emission, RequestError
+from engine.metrics import CONTENT_TYPE, EngineMetrics
 from engine.service import EngineService
+from engine.tracing import traced_request
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 
 class APIError(Exception):
@@ -33,7 +39,9 @@ def _field_of(loc: tuple) -> str:
 
 
 def create_app(service: EngineService, model_name: str, admin_token: str | None,
-               default_max_tokens: int = 16) -> FastAPI:
+               default_max_tokens: int = 16, metrics: EngineMetrics | None = None,
+               tracer: Tracer | None = None) -> FastAPI:
+    """metrics: serve them at /metrics; tracer: one span per request (None: tracing off, nothing is made)."""
     app = FastAPI(title="Governor", version="0.1.0")
     engine, tokenizer = service.engine, service.engine.tokenizer
 
@@ -76,6 +84,11 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
         prompt = tokenizer.render_chat([m.model_dump() for m in body.messages])
         return await _serve(body, tokenizer.encode(prompt), chat=True)
 
+    if metrics is not None:
+        @app.get("/metrics", response_class=Response)
+        async def prometheus_metrics():
+            return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
     @app.get("/admin/window")
     async def window():
         return engine.snapshot().to_dict()
@@ -105,6 +118,9 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
             raise APIError(400, str(error), error.field) from error
         stream = service.generate(prompt_ids, params)
         reply = _Reply(model_name, chat)
+        if tracer is not None:
+            stream = traced_request(tracer, stream, chat=chat, model=model_name, response_id=reply.id, params=params,
+                                    prompt_tokens=len(prompt_ids))
         if body.stream:
             return StreamingResponse(reply.sse(stream, body.include_usage), media_type="text/event-stream")
         return await reply.whole(stream)

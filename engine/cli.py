@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = benches.add_parser("spec", help="speculative decoding: k = 0..8, beside transformers")
     add_spec_arguments(spec)
     spec.set_defaults(run=run_spec_bench)
+    from engine.bench.telemetry import add_telemetry_arguments, run_telemetry_bench
+
+    telemetry = benches.add_parser("telemetry", help="tokens/s with Prometheus metrics and tracing on vs off")
+    add_telemetry_arguments(telemetry)
+    telemetry.set_defaults(run=run_telemetry_bench)
 
     args = parser.parse_args(argv)
     return args.run(args)
@@ -45,10 +50,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     from engine.api import create_app
     from engine.engine import EngineLimits
+    from engine.metrics import EngineMetrics
     from engine.models import build_engine, load_models
     from engine.service import EngineService
     from engine.settings import Settings
     from engine.spec import ModelFolderError
+    from engine.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
 
     overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
     try:
@@ -56,6 +63,11 @@ def _serve(args: argparse.Namespace) -> int:
     except ValidationError as error:
         first = error.errors()[0]
         print(f"governor serve: --{str(first['loc'][0]).replace('_', '-')}: {first['msg']}", file=sys.stderr)
+        return 2
+    try:
+        tracing = tracer_provider_from_env()
+    except TracingConfigError as error:
+        print(f"governor serve: {error}", file=sys.stderr)
         return 2
     print(f"governor: loading {settings.model} ...", file=sys.stderr, flush=True)
     try:
@@ -65,8 +77,12 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     limits = EngineLimits(kv_cache_tokens=settings.kv_cache_tokens, max_num_seqs=settings.max_num_seqs,
                           max_batch_tokens=settings.max_batch_tokens)
-    service = EngineService(build_engine(models, limits=limits))
-    app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens)
+    metrics = EngineMetrics(models.name)
+    tracer = tracing.get_tracer("governor") if tracing is not None else None
+    engine = build_engine(models, limits=limits, sinks=[metrics, *([StepSpans(tracer)] if tracer else [])])
+    metrics.watch_load(lambda: len(engine.scheduler.running), lambda: len(engine.scheduler.waiting))
+    service = EngineService(engine)
+    app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens, metrics, tracer)
     stop_demo = threading.Event()
 
     @contextlib.asynccontextmanager
@@ -77,6 +93,8 @@ def _serve(args: argparse.Namespace) -> int:
         yield
         stop_demo.set()
         service.stop()
+        if tracing is not None:
+            tracing.shutdown()
 
     app.router.lifespan_context = lifespan
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")

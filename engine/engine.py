@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +19,7 @@ from engine.modeling import Transformer
 from engine.sampling import probs_from_logits, uniforms
 from engine.scheduler import Scheduled, Scheduler
 from engine.sequence import Sequence
-from engine.telemetry import Telemetry
+from engine.telemetry import Telemetry, TelemetrySink
 from engine.tokenizer import Tokenizer
 from engine.window import Window
 from kernels import verify_drafts
@@ -53,7 +54,8 @@ class Emission:
 
 class Engine:
     def __init__(self, target: Transformer, tokenizer: Tokenizer, draft: Transformer | None = None,
-                 config: EngineConfig = EngineConfig(), limits: EngineLimits = EngineLimits()):
+                 config: EngineConfig = EngineConfig(), limits: EngineLimits = EngineLimits(),
+                 sinks: Iterable[TelemetrySink] = ()):
         if draft is not None and draft.spec.vocab_size != target.spec.vocab_size:
             raise ValueError(f"draft vocab_size {draft.spec.vocab_size} != target vocab_size {target.spec.vocab_size}")
         self.target, self.tokenizer, self.limits = target, tokenizer, limits
@@ -66,11 +68,12 @@ class Engine:
         self.scheduler = Scheduler(self.allocator, limits.max_num_seqs, limits.max_batch_tokens, self.max_model_len)
         self.model_drafter = (ModelDrafter(draft, KVCache(draft.spec, num_slots, dtype, self.device), limits.block_size)
                               if draft is not None else None)
-        self.telemetry = Telemetry()
+        self.telemetry = Telemetry(sinks)
         self._config_lock = threading.Lock()
         self._check(config)
         self.config, self._pending = config, None
         self.drafter = self._drafter_for(config)
+        self.telemetry.record_config(config)
 
     # -- the seam ---------------------------------------------------------------------------------
 
@@ -301,6 +304,7 @@ class Engine:
             if self._pending is not None:
                 self.config, self._pending = self._pending, None
                 self.drafter = self._drafter_for(self.config)
+                self.telemetry.record_config(self.config)
 
     def _check(self, config: EngineConfig) -> None:
         if config.spec_method == "draft_model" and config.draft_len > 0 and self.model_drafter is None:

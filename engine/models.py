@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from engine.engine import Engine, EngineLimits
 from engine.loading import load_transformer
 from engine.modeling import Transformer
 from engine.spec import ModelFolderError
+from engine.telemetry import TelemetrySink
 from engine.tokenizer import Tokenizer, load_tokenizer
 
 ASSETS = Path(__file__).parent / "assets"
@@ -84,8 +86,8 @@ def load_models(model: str = DEFAULT_MODEL, draft: str | None = None, cache_dir:
 
 
 def build_engine(models: LoadedModels, config: EngineConfig | None = None,
-                 limits: EngineLimits = EngineLimits()) -> Engine:
+                 limits: EngineLimits = EngineLimits(), sinks: Sequence[TelemetrySink] = ()) -> Engine:
     if config is None:
         fallback = "draft_model" if models.draft is not None else "ngram"
         config = EngineConfig(spec_method=DEFAULT_SPEC_METHODS.get(models.name, fallback))
-    return Engine(models.target, models.tokenizer, models.draft, config, limits)
+    return Engine(models.target, models.tokenizer, models.draft, config, limits, sinks)

@@ -4,7 +4,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -45,16 +47,38 @@ def _add_per_position(totals: list[int], counts: list[int]) -> None:
         totals[i] += c
 
 
+class TelemetrySink(Protocol):
+    """Also receives every event the Window is built from (Prometheus metrics, step spans)."""
+
+    def record_config(self, config: EngineConfig) -> None: ...
+
+    def record_step(self, **step) -> None: ...
+
+    def record_tokens(self, *, count: int, ttft: float | None, gap: float | None) -> None: ...
+
+    def record_finished(self, e2e: float) -> None: ...
+
+
 class Telemetry:
     """Written by the engine thread, read by anyone through snapshot(); thread-safe."""
 
-    def __init__(self):
+    def __init__(self, sinks: Sequence[TelemetrySink] = ()):
         self._lock = threading.Lock()
         self._acc = _Accumulator()
+        self._sinks = tuple(sinks)
+
+    def record_config(self, config: EngineConfig) -> None:
+        for sink in self._sinks:
+            sink.record_config(config)
 
     def record_step(self, *, batch_size: int, queue_depth: int, step_seconds: float, target_seconds: float,
                     draft_seconds: float, drafted_per_position: list[int], accepted_per_position: list[int],
                     num_drafts: int, prefill_tokens: int, expert_tokens: torch.Tensor | None) -> None:
+        for sink in self._sinks:
+            sink.record_step(batch_size=batch_size, queue_depth=queue_depth, step_seconds=step_seconds,
+                             target_seconds=target_seconds, draft_seconds=draft_seconds,
+                             drafted_per_position=drafted_per_position, accepted_per_position=accepted_per_position,
+                             num_drafts=num_drafts, prefill_tokens=prefill_tokens, expert_tokens=expert_tokens)
         with self._lock:
             acc = self._acc
             acc.steps += 1
@@ -72,6 +96,8 @@ class Telemetry:
 
     def record_tokens(self, *, count: int, ttft: float | None, gap: float | None) -> None:
         """count tokens delivered at once; a gap since the previous delivery is spread evenly over them."""
+        for sink in self._sinks:
+            sink.record_tokens(count=count, ttft=ttft, gap=gap)
         with self._lock:
             self._acc.emitted_tokens += count
             if ttft is not None:
@@ -80,6 +106,8 @@ class Telemetry:
                 self._acc.inter_token.extend([gap / count] * count)
 
     def record_finished(self, e2e: float) -> None:
+        for sink in self._sinks:
+            sink.record_finished(e2e)
         with self._lock:
             self._acc.finished_requests += 1
             self._acc.e2e.append(e2e)

@@ -1,0 +1,61 @@
+"""A live scrape of `governor serve` (real uvicorn, shipped model) is valid Prometheus exposition."""
+import re
+import subprocess
+
+import httpx
+
+from tests.dashboards.servers import binary
+
+
+def _complete(url: str, prompt: str, max_tokens: int = 16) -> dict:
+    reply = httpx.post(f"{url}/v1/completions", timeout=120, json={
+        "model": "governor-moe", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+    reply.raise_for_status()
+    return reply.json()
+
+
+def test_live_scrape_passes_promtool_check_metrics(governor):
+    url, _ = governor
+    _complete(url, "def fib(n):\n")
+    scrape = httpx.get(f"{url}/metrics", timeout=30)
+    assert scrape.status_code == 200
+    assert scrape.headers["content-type"].startswith("text/plain; version=0.0.4")
+    result = subprocess.run([binary("promtool"), "check", "metrics"], input=scrape.content, capture_output=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    assert result.stdout.decode() + result.stderr.decode() == "", "promtool lint findings"
+
+
+def test_live_scrape_counts_a_request_and_carries_the_live_config(governor):
+    url, _ = governor
+
+    def sample(text: str, name: str) -> float:
+        return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+    before = httpx.get(f"{url}/metrics", timeout=30).text
+    reply = _complete(url, "import os\n", max_tokens=12)
+    after = httpx.get(f"{url}/metrics", timeout=30).text
+    assert reply["usage"]["completion_tokens"] == 12
+    assert sample(after, "governor_generation_tokens_total") - sample(before, "governor_generation_tokens_total") == 12
+    assert sample(after, "governor_requests_finished_total") - sample(before, "governor_requests_finished_total") == 1
+    assert sample(after, "governor_e2e_request_latency_seconds_count") - sample(
+        before, "governor_e2e_request_latency_seconds_count") == 1
+    config = httpx.get(f"{url}/admin/config", timeout=30).json()
+    info = re.search(r"^governor_config_info{(.*)} 1\.0$", after, re.M)
+    assert info, "governor_config_info missing"
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', info.group(1)))
+    assert labels["model"] == "governor-moe"
+    assert labels["version"] == str(config["version"])
+    assert labels["spec_method"] == config["spec_method"]
+    assert labels["draft_len"] == str(config["draft_len"])
+
+
+def test_scraping_leaves_the_controllers_window_alone(governor):
+    url, _ = governor
+    httpx.get(f"{url}/admin/window", timeout=30)  # closes whatever window was open
+    reply = _complete(url, "while True:\n", max_tokens=10)
+    for _ in range(3):
+        assert httpx.get(f"{url}/metrics", timeout=30).status_code == 200
+    window = httpx.get(f"{url}/admin/window", timeout=30).json()
+    assert window["emitted_tokens"] == reply["usage"]["completion_tokens"] == 10
+    assert window["finished_requests"] == 1
