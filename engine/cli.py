@@ -1,4 +1,4 @@
-"""The `governor` command line: serve, load, bench."""
+"""The `governor` command line: serve, load, bench, plan."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,7 @@ import threading
 from pydantic import ValidationError
 
 from engine.loadgen.cli import add_load_arguments, run_load
+from engine.plan_cli import add_plan_arguments, run_plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     spec = benches.add_parser("spec", help="speculative decoding: k = 0..8, beside transformers")
     add_spec_arguments(spec)
     spec.set_defaults(run=run_spec_bench)
+
+    plan = commands.add_parser("plan", help="expert placement from measured heat, as JSON")
+    add_plan_arguments(plan)
+    plan.set_defaults(run=run_plan)
 
     args = parser.parse_args(argv)
     return args.run(args)
