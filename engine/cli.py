@@ -37,6 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     add_spec_arguments(spec)
     spec.set_defaults(run=run_spec_bench)
 
+    from engine.bench.planner import add_planner_arguments, run_planner_bench
+
+    moe = benches.add_parser("moe", help="MoE: expert placement planner beside DeepSeek EPLB's greedy")
+    moe.add_argument("--part", choices=["planner"], default="planner", help="which part to run (default: all)")
+    add_planner_arguments(moe)
+    moe.set_defaults(run=run_planner_bench)
+
     plan = commands.add_parser("plan", help="expert placement from measured heat, as JSON")
     add_plan_arguments(plan)
     plan.set_defaults(run=run_plan)
