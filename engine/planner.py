@@ -67,18 +67,23 @@ class _Packing:
         replica_experts = np.stack([np.repeat(np.arange(num_experts), row) for row in counts])
         replica_loads = np.take_along_axis(heat / counts, replica_experts, axis=1)
         order = np.argsort(-replica_loads, axis=1, kind="stable")
-        rows = np.arange(layers)
+        replica_experts = np.take_along_axis(replica_experts, order, axis=1)
+        replica_loads = np.take_along_axis(replica_loads, order, axis=1)
+        open_loads = np.zeros(layers * devices)                 # a device's load, inf once its slots are full
+        filled = np.zeros(layers * devices, dtype=np.int64)
+        device_slot = np.zeros((2, *replica_loads.shape), dtype=np.int64)
+        first_device = np.arange(layers) * devices
+        for i in range(replica_loads.shape[1]):
+            device = first_device + np.argmin(open_loads.reshape(layers, devices), axis=1)
+            device_slot[:, :, i] = device - first_device, filled[device]
+            open_loads[device] += replica_loads[:, i]
+            filled[device] += 1
+            open_loads[device[filled[device] == per_device]] = np.inf
+        rows = np.arange(layers)[:, None]
         experts = np.zeros((layers, devices, per_device), dtype=np.int64)
         loads = np.zeros((layers, devices, per_device))
-        device_loads = np.zeros((layers, devices))
-        filled = np.zeros((layers, devices), dtype=np.int64)
-        for replica in order.T:
-            device = np.argmin(np.where(filled < per_device, device_loads, np.inf), axis=1)
-            slot = filled[rows, device]
-            experts[rows, device, slot] = replica_experts[rows, replica]
-            loads[rows, device, slot] = replica_loads[rows, replica]
-            device_loads[rows, device] += loads[rows, device, slot]
-            filled[rows, device] += 1
+        experts[rows, device_slot[0], device_slot[1]] = replica_experts
+        loads[rows, device_slot[0], device_slot[1]] = replica_loads
         return cls(experts, loads, topology)
 
     def refine(self) -> None:
