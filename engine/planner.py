@@ -29,8 +29,8 @@ PARTNERS = 16           # lightest devices they may trade with
 def plan_placement(heat: np.ndarray, topology: Topology) -> list[list[int]]:
     """heat [layers, experts] tokens per logical expert -> phy2log [layers][slots]."""
     heat = np.asarray(heat, dtype=np.float64)
-    if heat.ndim != 2 or heat.shape[1] == 0:
-        raise PlacementError(f"heat must be [layers, experts] with at least one expert, got shape {heat.shape}")
+    if heat.ndim != 2 or 0 in heat.shape:
+        raise PlacementError(f"heat must be [layers, experts] with at least one of each, got shape {heat.shape}")
     if not np.isfinite(heat).all() or (heat < 0).any():
         raise PlacementError("heat must be finite and non-negative")
     if topology.num_slots < heat.shape[1]:

@@ -32,6 +32,7 @@ NOTES = {
     "eplb_hierarchical": "DeepSeek EPLB's greedy, hierarchical policy: one expert group per node (written from its "
                          "description; the peer)",
     "eplb_global": "DeepSeek EPLB's greedy, global policy (one group, one node)",
+    "split_experts": "(layer, expert) pairs whose replicas sit on more than one node",
     "plan_seconds": "median wall time of --repeats plans of all layers; EPLB plans layer by layer, as EPLB does",
 }
 
@@ -90,6 +91,16 @@ def zipf_heat(layers: int, experts: int, skew: float, rng: np.random.Generator) 
                      for _ in range(layers)]).astype(np.float64)
 
 
+def split_experts(phy2log: list[list[int]], topology: Topology) -> int:
+    """(layer, expert) pairs whose replicas sit on more than one node."""
+    slots = np.asarray(phy2log)
+    node = np.arange(topology.num_slots) // (topology.devices_per_node * topology.slots_per_device)
+    layers, experts = slots.shape[0], slots.max() + 1
+    cell = (np.arange(layers)[:, None] * experts + slots) * topology.nodes + node[None, :]
+    held = np.bincount(cell.ravel(), minlength=layers * experts * topology.nodes).reshape(layers, experts, -1) > 0
+    return int((held.sum(axis=-1) > 1).sum())
+
+
 PLANNERS = {
     "ours": plan_placement,
     "eplb_hierarchical": lambda heat, topology: eplb_placement(heat, topology, num_groups=topology.nodes),
@@ -98,7 +109,9 @@ PLANNERS = {
 
 
 def _bench_case(heat: np.ndarray, skew: float, topology: Topology, repeats: int) -> dict:
-    balancedness = {"identity": placement_balancedness(heat, identity_placement(*heat.shape, topology), topology)}
+    identity = identity_placement(*heat.shape, topology)
+    balancedness = {"identity": placement_balancedness(heat, identity, topology)}
+    split = {"identity": split_experts(identity, topology)}
     seconds = {}
     for name, planner in PLANNERS.items():
         times = []
@@ -107,10 +120,11 @@ def _bench_case(heat: np.ndarray, skew: float, topology: Topology, repeats: int)
             phy2log = planner(heat, topology)
             times.append(time.perf_counter() - start)
         balancedness[name], seconds[name] = placement_balancedness(heat, phy2log, topology), statistics.median(times)
+        split[name] = split_experts(phy2log, topology)
     best_peer = max(balancedness["eplb_hierarchical"], balancedness["eplb_global"])
     case = {"skew": skew, "slots_per_device": topology.slots_per_device,
             "spare_slots": topology.num_slots - heat.shape[1], "balancedness": balancedness,
-            "plan_seconds": seconds, "ours_over_eplb": balancedness["ours"] / best_peer,
+            "split_experts": split, "plan_seconds": seconds, "ours_over_eplb": balancedness["ours"] / best_peer,
             "eplb_seconds_over_ours": min(seconds["eplb_hierarchical"], seconds["eplb_global"]) / seconds["ours"]}
     report.progress(f"skew {skew:.1f}  {case['spare_slots']:3d} spare slots  balancedness identity "
                     f"{balancedness['identity']:.4f}  EPLB hier {balancedness['eplb_hierarchical']:.4f}  "
@@ -175,11 +189,13 @@ def _plot_seconds(ax, cases: list[dict]) -> None:
 
 
 def _summary(data: dict) -> str:
-    headers = ["skew", "spare", "identity", "EPLB hier", "EPLB global", "ours", "ours/EPLB", "ours ms", "EPLB ms"]
+    headers = ["skew", "spare", "identity", "EPLB hier", "EPLB global", "ours", "ours/EPLB", "ours ms", "EPLB ms",
+               "split: ours", "EPLB global"]
     rows = [[f"{c['skew']:.1f}", str(c["spare_slots"]), *(f"{c['balancedness'][n]:.4f}" for n in
              ("identity", "eplb_hierarchical", "eplb_global", "ours")), f"{c['ours_over_eplb']:.4f}",
              f"{1000 * c['plan_seconds']['ours']:.1f}",
-             f"{1000 * min(c['plan_seconds']['eplb_hierarchical'], c['plan_seconds']['eplb_global']):.1f}"]
+             f"{1000 * min(c['plan_seconds']['eplb_hierarchical'], c['plan_seconds']['eplb_global']):.1f}",
+             str(c["split_experts"]["ours"]), str(c["split_experts"]["eplb_global"])]
             for c in data["cases"]]
     verdicts = [f"  [{'met' if t['met'] else 'NOT met'}] {t['target']}: {t['value']:.4f}" for t in data["targets"]]
     return "\n".join([report.table(headers, rows), "targets:", *verdicts])

@@ -46,3 +46,9 @@ def test_ours_is_at_least_as_balanced_as_either_eplb_policy_on_every_load(data):
 
 def test_the_speed_target_is_not_claimed_from_a_quick_run(data):
     assert data["targets"][1]["met"] is False and "50 ms" in data["targets"][1]["target"]
+
+
+def test_counts_experts_split_over_nodes_and_eplb_hierarchical_splits_none(data):
+    for case in data["cases"]:
+        assert case["split_experts"]["eplb_hierarchical"] == 0
+        assert case["split_experts"]["ours"] <= case["spare_slots"] * data["settings"]["layers"]

@@ -94,7 +94,8 @@ def test_refuses_more_experts_than_slots():
 @pytest.mark.parametrize("heat,problem", [(np.array([[1.0, -1.0]]), "non-negative"),
                                           (np.array([[1.0, np.nan]]), "finite"),
                                           (np.ones(4), r"\[layers, experts\]"),
-                                          (np.ones((2, 0)), "at least one expert")])
+                                          (np.ones((2, 0)), "at least one of each"),
+                                          (np.ones((0, 4)), "at least one of each")])
 def test_refuses_bad_heat(heat, problem):
     with pytest.raises(PlacementError, match=problem):
         plan_placement(heat, Topology(nodes=1, devices=2, slots_per_device=2))
