@@ -34,6 +34,8 @@ NOTES = {
     "eplb_global": "DeepSeek EPLB's greedy, global policy (one group, one node)",
     "split_experts": "(layer, expert) pairs whose replicas sit on more than one node",
     "plan_seconds": "median wall time of --repeats plans of all layers; EPLB plans layer by layer, as EPLB does",
+    "plan_cpu_seconds": "median CPU time of the same plans (one thread): on a busy machine wall time also counts "
+                        "waiting for a core; see machine.load_average",
 }
 
 
@@ -112,19 +114,22 @@ def _bench_case(heat: np.ndarray, skew: float, topology: Topology, repeats: int)
     identity = identity_placement(*heat.shape, topology)
     balancedness = {"identity": placement_balancedness(heat, identity, topology)}
     split = {"identity": split_experts(identity, topology)}
-    seconds = {}
+    seconds, cpu_seconds = {}, {}
     for name, planner in PLANNERS.items():
-        times = []
+        walls, cpus = [], []
         for _ in range(repeats):
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             phy2log = planner(heat, topology)
-            times.append(time.perf_counter() - start)
-        balancedness[name], seconds[name] = placement_balancedness(heat, phy2log, topology), statistics.median(times)
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+        seconds[name], cpu_seconds[name] = statistics.median(walls), statistics.median(cpus)
+        balancedness[name] = placement_balancedness(heat, phy2log, topology)
         split[name] = split_experts(phy2log, topology)
     best_peer = max(balancedness["eplb_hierarchical"], balancedness["eplb_global"])
     case = {"skew": skew, "slots_per_device": topology.slots_per_device,
             "spare_slots": topology.num_slots - heat.shape[1], "balancedness": balancedness,
-            "split_experts": split, "plan_seconds": seconds, "ours_over_eplb": balancedness["ours"] / best_peer,
+            "split_experts": split, "plan_seconds": seconds, "plan_cpu_seconds": cpu_seconds,
+            "ours_over_eplb": balancedness["ours"] / best_peer,
             "eplb_seconds_over_ours": min(seconds["eplb_hierarchical"], seconds["eplb_global"]) / seconds["ours"]}
     report.progress(f"skew {skew:.1f}  {case['spare_slots']:3d} spare slots  balancedness identity "
                     f"{balancedness['identity']:.4f}  EPLB hier {balancedness['eplb_hierarchical']:.4f}  "
@@ -159,7 +164,8 @@ def _figure(data: dict, heat: np.ndarray, topology: Topology):
                      f"spare slots)", xlabel="device (white lines: nodes)", ylabel="layer")
         for node in range(1, topology.nodes):
             ax.axvline(node * topology.devices_per_node - 0.5, color="white", linewidth=0.5)
-        figure.colorbar(image, ax=ax, label="load / mean load" + (" (scale shared with EPLB)" if name == "ours" else ""))
+        shared = " (scale shared with EPLB)" if name == "ours" else ""
+        figure.colorbar(image, ax=ax, label="load / mean load" + shared)
     figure.suptitle(f"Expert placement: {data['settings']['layers']} layers x {EXPERTS} experts on {DEVICES} "
                     f"devices ({NODES} nodes), Zipf-skewed heat")
     return figure
@@ -189,11 +195,12 @@ def _plot_seconds(ax, cases: list[dict]) -> None:
 
 
 def _summary(data: dict) -> str:
-    headers = ["skew", "spare", "identity", "EPLB hier", "EPLB global", "ours", "ours/EPLB", "ours ms", "EPLB ms",
+    headers = ["skew", "spare", "identity", "EPLB hier", "EPLB global", "ours", "ours/EPLB", "ours ms", "(CPU)",
+               "EPLB ms",
                "split: ours", "EPLB global"]
     rows = [[f"{c['skew']:.1f}", str(c["spare_slots"]), *(f"{c['balancedness'][n]:.4f}" for n in
              ("identity", "eplb_hierarchical", "eplb_global", "ours")), f"{c['ours_over_eplb']:.4f}",
-             f"{1000 * c['plan_seconds']['ours']:.1f}",
+             f"{1000 * c['plan_seconds']['ours']:.1f}", f"{1000 * c['plan_cpu_seconds']['ours']:.1f}",
              f"{1000 * min(c['plan_seconds']['eplb_hierarchical'], c['plan_seconds']['eplb_global']):.1f}",
              str(c["split_experts"]["ours"]), str(c["split_experts"]["eplb_global"])]
             for c in data["cases"]]
