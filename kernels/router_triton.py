@@ -18,7 +18,7 @@ BLOCK_TOKENS = 32
 
 @triton.jit
 def _route_kernel(logits, weights_out, experts_out, ranks_out, block_counts_out, N, E, stride,
-                  TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
+                  TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
     block = tl.program_id(0)
     num_blocks = tl.num_programs(0)
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -30,24 +30,25 @@ def _route_kernel(logits, weights_out, experts_out, ranks_out, block_counts_out,
     e = tl.exp(x - tl.max(x, axis=1)[:, None])
     probs = e / tl.sum(e, axis=1)[:, None]
     remaining = tl.where(in_cols[None, :], probs, -1.0)
-    total = tl.zeros((BLOCK_N,), tl.float32)
+    choices = tl.arange(0, BLOCK_K)
+    top_weights = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    top_experts = tl.zeros((BLOCK_N, BLOCK_K), tl.int32)
     for choice in tl.static_range(TOP_K):
         value = tl.max(remaining, axis=1)
         expert = tl.argmax(remaining, axis=1, tie_break_left=True)
-        total += value
-        out = rows.to(tl.int64) * TOP_K + choice
-        tl.store(weights_out + out, value, mask=in_rows)
-        tl.store(experts_out + out, expert.to(tl.int64), mask=in_rows)
+        top_weights = tl.where(choices[None, :] == choice, value[:, None], top_weights)
+        top_experts = tl.where(choices[None, :] == choice, expert[:, None], top_experts)
         chosen = cols[None, :] == expert[:, None]
         remaining = tl.where(chosen, -1.0, remaining)
         pairs = tl.where(chosen & in_rows[:, None], 1, 0)
         rank = tl.sum((tl.cumsum(pairs, axis=0) - 1) * pairs, axis=1)
-        tl.store(ranks_out + out, rank.to(tl.int64), mask=in_rows)
+        tl.store(ranks_out + rows.to(tl.int64) * TOP_K + choice, rank.to(tl.int64), mask=in_rows)
         tl.store(block_counts_out + (choice * num_blocks + block) * E + cols, tl.sum(pairs, axis=0).to(tl.int64),
                  mask=in_cols)
-    for choice in tl.static_range(TOP_K):
-        out = rows.to(tl.int64) * TOP_K + choice
-        tl.store(weights_out + out, tl.load(weights_out + out, mask=in_rows, other=0.0) / total, mask=in_rows)
+    out = rows[:, None].to(tl.int64) * TOP_K + choices[None, :]
+    in_out = in_rows[:, None] & (choices[None, :] < TOP_K)
+    tl.store(weights_out + out, top_weights / tl.sum(top_weights, axis=1)[:, None], mask=in_out)
+    tl.store(experts_out + out, top_experts.to(tl.int64), mask=in_out)
 
 
 def route_tokens(router_logits: torch.Tensor, top_k: int) -> Routing:
@@ -62,7 +63,8 @@ def route_tokens(router_logits: torch.Tensor, top_k: int) -> Routing:
     if num_tokens:
         logits = router_logits.contiguous()
         _route_kernel[(num_blocks,)](logits, weights, experts, ranks, block_counts, num_tokens, num_experts,
-                                     logits.stride(0), TOP_K=top_k, BLOCK_N=BLOCK_TOKENS,
+                                     logits.stride(0), TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k),
+                                     BLOCK_N=BLOCK_TOKENS,
                                      BLOCK_E=triton.next_power_of_2(num_experts))
     flat = block_counts.reshape(-1, num_experts)
     before = (flat.cumsum(dim=0) - flat).reshape(top_k, num_blocks, num_experts)
