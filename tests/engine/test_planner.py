@@ -117,3 +117,8 @@ def test_refuses_bad_topologies(nodes, devices, slots, problem):
 def test_check_placement_refuses_unservable_placements(phy2log, problem):
     with pytest.raises(PlacementError, match=problem):
         check_placement(phy2log, Topology(nodes=1, devices=2, slots_per_device=2), num_layers=2, num_experts=4)
+
+
+def test_balancedness_of_a_placement_without_tokens_is_none():
+    topology = Topology(nodes=1, devices=2, slots_per_device=2)
+    assert placement_balancedness(np.zeros((2, 3)), plan_placement(np.zeros((2, 3)), topology), topology) is None
