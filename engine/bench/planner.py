@@ -67,7 +67,7 @@ def run_planner_bench(args: argparse.Namespace) -> int:
     ]
     data = {
         "benchmark": "moe_planner",
-        "command": report.command("governor bench moe --part planner", args),
+        "command": report.command("governor bench moe", args),
         "machine": {**machine, "load_average_at_end": report.load_average()},
         "settings": {"layers": layers, "experts": EXPERTS, "devices": DEVICES, "nodes": NODES,
                      "tokens_per_layer": TOKENS_PER_LAYER, "repeats": repeats, "seed": args.seed,
