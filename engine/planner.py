@@ -148,11 +148,20 @@ class _Packing:
         rows = np.arange(layers)[:, None]
         fits_one_node = (replicas > 1) & (replicas <= topology.devices_per_node)
         strays = fits_one_node[rows, flat] & (slot_node[None, :] != home[rows, flat])
-        rank = np.where(strays, np.cumsum(strays, axis=1) - 1, -1)
         peak = self.device_loads.max(axis=1)
+        single = replicas == 1
+        # a trade moves load |a - b| onto one of its two devices, which fits under the peak only if |a - b| is at
+        # most the peak minus the lightest device's load: strays with no such partner in their home node stay
+        layer, slot = np.nonzero(strays)
+        node_slots = home[layer, flat[layer, slot]][:, None] * slots_per_node + np.arange(slots_per_node)
+        flat_loads = self.loads.reshape(layers, -1)
+        gap = np.abs(flat_loads[layer[:, None], node_slots] - flat_loads[layer, slot][:, None])
+        slack = (peak - self.device_loads.min(axis=1))[layer][:, None]
+        strays[layer, slot] = (single[layer[:, None], flat[layer[:, None], node_slots]] & (gap <= slack)).any(axis=1)
+        rank = np.where(strays, np.cumsum(strays, axis=1) - 1, -1)
         for round_ in range(int(strays.sum(axis=1).max(initial=0))):
             layer, slot = np.nonzero(rank == round_)
-            self._gather(layer, slot // per_device, slot % per_device, home, replicas == 1, peak)
+            self._gather(layer, slot // per_device, slot % per_device, home, single, peak)
 
     def _gather(self, layer, device, slot, home, single, peak) -> None:
         """Swap each (layer, device, slot) replica with an unreplicated expert in its home node, if peak-neutral."""
