@@ -13,7 +13,9 @@ What it optimises, per layer (layers are independent; all are planned at once, v
 2. Then, without raising any layer's peak: fewer nodes per replicated expert, so its traffic stays inside one
    node where it can. A replica outside its expert's home node (the node holding most of its replicas) trades
    places with an unreplicated expert inside the home node when both devices stay at or under the peak.
-Ties go to the lowest expert, device and slot index, so a plan is deterministic.
+Ties go to the lowest expert, device and slot index, so a plan is deterministic. As in EPLB, a device may hold
+two replicas of one expert (two shares of its tokens): the balance objective allows it, and forbidding it cost
+balance on the most skewed loads tried.
 """
 from __future__ import annotations
 
