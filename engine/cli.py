@@ -1,4 +1,4 @@
-"""The `governor` command line: serve, load, bench."""
+"""The `governor` command line: serve, load, bench, plan."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,7 @@ import threading
 from pydantic import ValidationError
 
 from engine.loadgen.cli import add_load_arguments, run_load
+from engine.plan_cli import add_plan_arguments, run_plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +41,17 @@ def main(argv: list[str] | None = None) -> int:
     telemetry = benches.add_parser("telemetry", help="tokens/s with Prometheus metrics and tracing on vs off")
     add_telemetry_arguments(telemetry)
     telemetry.set_defaults(run=run_telemetry_bench)
+
+    from engine.bench.planner import add_planner_arguments, run_planner_bench
+
+    moe = benches.add_parser("moe", help="MoE: expert placement planner beside DeepSeek EPLB's greedy")
+    moe.add_argument("--part", choices=["planner"], default="planner", help="which part to run (default: all)")
+    add_planner_arguments(moe)
+    moe.set_defaults(run=run_planner_bench)
+
+    plan = commands.add_parser("plan", help="expert placement from measured heat, as JSON")
+    add_plan_arguments(plan)
+    plan.set_defaults(run=run_plan)
 
     args = parser.parse_args(argv)
     return args.run(args)

@@ -70,3 +70,16 @@ def balancedness(device_tokens: np.ndarray) -> float | None:
     """vLLM's figure: sum over layers of mean tokens per device / sum over layers of max; None without tokens."""
     peak = device_tokens.max(axis=-1).sum()
     return float(device_tokens.mean(axis=-1).sum() / peak) if peak > 0 else None
+
+
+def slot_tokens(heat: np.ndarray, phy2log: Sequence[Sequence[int]]) -> np.ndarray:
+    """[layers, slots] tokens per physical slot when each expert's tokens split evenly over its replicas."""
+    heat, phy2log = np.asarray(heat, dtype=np.float64), np.asarray(phy2log, dtype=np.int64)
+    replicas = np.zeros(heat.shape, dtype=np.int64)
+    np.add.at(replicas, (np.arange(heat.shape[0])[:, None], phy2log), 1)
+    return np.take_along_axis(heat, phy2log, axis=1) / np.take_along_axis(replicas, phy2log, axis=1)
+
+
+def placement_balancedness(heat: np.ndarray, phy2log: Sequence[Sequence[int]], topology: Topology) -> float | None:
+    """balancedness of the device loads that heat would put on this placement."""
+    return balancedness(tokens_per_device(slot_tokens(heat, phy2log), topology))

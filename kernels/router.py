@@ -1,5 +1,8 @@
 """MoE routing: softmax, top-k, renormalise, per-expert counts and each choice's slot within its expert.
 
+Ties: among equal probabilities the lowest expert index ranks first (torch.topk on the CPU does not promise
+this, so the reference ranks with a stable sort).
+
 Drop policy (capacity > 0): an expert takes at most `capacity` (token, choice) pairs. First choices outrank
 second choices (a token's top-1 expert is served before any token's top-2), and within one choice rank
 earlier tokens in the batch come first. A pair whose slot is >= capacity is dropped; the token keeps its
@@ -24,7 +27,7 @@ def route_tokens(router_logits: torch.Tensor, top_k: int) -> Routing:
     """router_logits [N, E] (any float dtype); softmax is taken in float32."""
     num_experts = router_logits.shape[-1]
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-    weights, experts = torch.topk(probs, top_k, dim=-1)
+    weights, experts = (part[..., :top_k] for part in torch.sort(probs, dim=-1, descending=True, stable=True))
     weights = weights / weights.sum(dim=-1, keepdim=True)
     by_priority = experts.t().reshape(-1)                                  # choice-major: all top-1s, then top-2s
     one_hot = torch.nn.functional.one_hot(by_priority, num_experts)
