@@ -46,6 +46,10 @@ class EngineLimits:
     max_num_seqs: int = 32
     max_batch_tokens: int = 512
 
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.kv_cache_tokens // self.block_size)
+
 
 @dataclass
 class Emission:
@@ -73,7 +77,7 @@ class Engine:
         self.target, self.tokenizer, self.limits = target, tokenizer, limits
         self.device = next(target.parameters()).device
         dtype = next(target.parameters()).dtype
-        self.allocator = BlockAllocator(-(-limits.kv_cache_tokens // limits.block_size), limits.block_size)
+        self.allocator = BlockAllocator(limits.num_blocks, limits.block_size)
         num_slots = self.allocator.num_blocks * limits.block_size
         self.cache = KVCache(target.spec, num_slots, dtype, self.device)
         self.max_model_len = min([target.spec.max_position] + ([draft.spec.max_position] if draft else []))

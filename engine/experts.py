@@ -83,6 +83,12 @@ class ExpertRuntime:
                        for phy2log, fresh in zip(placement, fresh_layers)]
         self.placement = [list(phy2log) for phy2log in placement]
 
+    def describe(self) -> dict:
+        """This rank's own slots (logical expert per slot, per layer) and how many expert weights it keeps."""
+        spd, rank = self.topology.slots_per_device, self.exchange.rank
+        return {"rank": rank, "slots": [phy2log[rank * spd:(rank + 1) * spd] for phy2log in self.placement],
+                "expert_parameters": sum(w.numel() for s in self._slots for w in (s.w1, s.w3, s.w2))}
+
     def _zero_counts(self, device: torch.device) -> StepCounts:
         layers = len(self._slots)
         return StepCounts(torch.zeros(layers, self.num_experts, dtype=torch.long, device=device),

@@ -134,7 +134,7 @@ def moe_forward(x: torch.Tensor, gate: nn.Linear, top_k: int, slots: ExpertSlots
     per_pair = x.new_zeros(shard * top_k, x.shape[1])
     per_pair[pair[outgoing] - first * top_k] = returned
     gates = routing.weights[first:first + shard].to(x.dtype)
-    combined = (per_pair.view(shard, top_k, -1) * gates[..., None]).sum(dim=1)
+    combined = (per_pair.view(shard, top_k, x.shape[1]) * gates[..., None]).sum(dim=1)
     return exchange.all_gather(combined, shard_sizes), counts
 
 
