@@ -8,6 +8,7 @@ so an idle server never trips a collective timeout; collectives carry the timeou
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -40,33 +41,40 @@ class GroupExchange:
 
     def all_to_all(self, rows: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
         received = rows.new_empty(sum(recv_counts), rows.shape[1])
-        started = time.perf_counter()
-        dist.all_to_all_single(received, rows.contiguous(), recv_counts, send_counts)
-        self._settle(started)
+        with self._collective("all_to_all_single"):
+            dist.all_to_all_single(received, rows.contiguous(), recv_counts, send_counts)
         return received
 
     def all_gather(self, shard: torch.Tensor, shard_sizes: list[int]) -> torch.Tensor:
         padded = shard.new_zeros(max(shard_sizes), shard.shape[1])
         padded[:shard.shape[0]] = shard
         parts = [torch.empty_like(padded) for _ in range(self.world)]
-        started = time.perf_counter()
-        dist.all_gather(parts, padded)
-        self._settle(started)
+        with self._collective("all_gather"):
+            dist.all_gather(parts, padded)
         return torch.cat([part[:size] for part, size in zip(parts, shard_sizes)])
 
     def move(self, sends: list[tuple[torch.Tensor, int, int]], receives: list[tuple[torch.Tensor, int, int]]) -> None:
-        pending = [dist.isend(tensor.contiguous(), peer, tag=tag) for tensor, peer, tag in sends]
-        pending += [dist.irecv(tensor, peer, tag=tag) for tensor, peer, tag in receives]
-        for request in pending:
-            request.wait()
+        with self._collective("expert weight transfer"):
+            pending = [dist.isend(tensor.contiguous(), peer, tag=tag) for tensor, peer, tag in sends]
+            pending += [dist.irecv(tensor, peer, tag=tag) for tensor, peer, tag in receives]
+            for request in pending:
+                request.wait()
 
     def take_seconds(self) -> float:
         seconds, self._seconds = self._seconds, 0.0
         return seconds
 
-    def _settle(self, started: float) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+    @contextlib.contextmanager
+    def _collective(self, name: str):
+        """Time the exchange; a dead or silent peer becomes an ExpertParallelError."""
+        started = time.perf_counter()
+        try:
+            yield
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except RuntimeError as error:
+            raise ExpertParallelError(f"rank {self.rank}: {name} failed (a peer rank died or timed out): "
+                                      f"{error}") from error
         self._seconds += time.perf_counter() - started
 
 
@@ -78,6 +86,9 @@ class ExpertParallel:
         """Spawn ranks 1..ranks-1 (each loads `model` itself) and join them as rank 0 of the default group."""
         if ranks < 2:
             raise ValueError(f"expert parallelism needs at least 2 ranks, got {ranks}")
+        if dist.is_initialized():
+            raise ExpertParallelError("this process already belongs to a process group; one expert-parallel "
+                                      "group per process")
         if not target.moe_blocks:
             raise ValueError("expert parallelism needs an MoE target; this one is dense")
         parameter = next(target.parameters())
@@ -113,6 +124,10 @@ class ExpertParallel:
     def ranks(self) -> int:
         return self.topology.devices
 
+    @property
+    def worker_pids(self) -> list[int]:
+        return [worker.pid for worker in self._workers]
+
     def forward(self, chunks: list[SequenceChunk], capacity_factor: float) -> None:
         """Announce a target forward; the caller then runs it on rank 0 with the same chunks."""
         self._send(("forward", chunks, capacity_factor))
@@ -134,14 +149,14 @@ class ExpertParallel:
                 pipe.send(("stop",))
             except OSError:
                 pass
+        if dist.is_initialized():
+            dist.destroy_process_group()
         for worker in self._workers:
             worker.join(timeout=10)
             if worker.is_alive():
                 worker.terminate()
                 worker.join(timeout=5)
         self._pipes, self._workers = [], []
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
     def _send(self, command: tuple) -> None:
         for rank, (pipe, worker) in enumerate(zip(self._pipes, self._workers), start=1):
