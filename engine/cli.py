@@ -20,6 +20,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="port (default 8000)")
     serve.add_argument("--model", help="shipped model name, model folder or .gguf file (default governor-moe)")
     serve.add_argument("--draft", help="draft model name or path, self:N, or none (default: the model's own)")
+    serve.add_argument("--ep", type=int, help="expert-parallel ranks: processes that share the MoE experts "
+                       "over torch.distributed (default 1: one process)")
+    serve.add_argument("--redundant-experts", type=int,
+                       help="spare expert slots for replicas, over all ranks (default 0)")
     serve.add_argument("--demo-traffic", action="store_true", default=None,
                        help="send the built-in demo load to this server, so the dashboard shows live data")
     serve.set_defaults(run=_serve)
@@ -36,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     add_spec_arguments(spec)
     spec.set_defaults(run=run_spec_bench)
 
+    from engine.bench.moe import add_moe_arguments, run_moe_bench
+
+    moe = benches.add_parser("moe", help="MoE runtime: one process vs expert parallelism, capacity factor sweep")
+    add_moe_arguments(moe)
+    moe.set_defaults(run=run_moe_bench)
+
     args = parser.parse_args(argv)
     return args.run(args)
 
@@ -45,6 +55,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from engine.api import create_app
     from engine.engine import EngineLimits
+    from engine.ep import ExpertParallelError
     from engine.models import build_engine, load_models
     from engine.service import EngineService
     from engine.settings import Settings
@@ -65,7 +76,13 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     limits = EngineLimits(kv_cache_tokens=settings.kv_cache_tokens, max_num_seqs=settings.max_num_seqs,
                           max_batch_tokens=settings.max_batch_tokens)
-    service = EngineService(build_engine(models, limits=limits))
+    try:
+        engine = build_engine(models, limits=limits, ep=settings.ep, redundant_experts=settings.redundant_experts,
+                              model=settings.model)
+    except (ValueError, ExpertParallelError) as error:
+        print(f"governor serve: {error}", file=sys.stderr)
+        return 2
+    service = EngineService(engine)
     app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens)
     stop_demo = threading.Event()
 
@@ -77,6 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
         yield
         stop_demo.set()
         service.stop()
+        engine.close()
 
     app.router.lifespan_context = lifespan
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 from engine.batch import SequenceChunk, build_forward_batch
 from engine.engine import EngineLimits
-from engine.experts import ExpertRuntime, expert_topology
+from engine.experts import ExpertRuntime, drop_logical_experts, expert_topology
 from engine.kv_cache import KVCache
 from engine.modeling import Transformer
 from engine.placement import Topology
@@ -193,8 +193,7 @@ def _serve_rank(rank: int, world: int, backend: str, init_method: str, model: st
     try:
         target = load_models(model, draft="none", device=device, dtype=dtype).target
         experts = ExpertRuntime(target, topology, GroupExchange(rank, world, device))
-        for block in target.moe_blocks:
-            block.w1 = block.w3 = block.w2 = None  # the rank keeps only its slots' copies
+        drop_logical_experts(target)
         cache = KVCache(target.spec, limits.num_blocks * limits.block_size, dtype, device)
     except Exception as error:
         pipe.send(error)

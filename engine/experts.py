@@ -15,6 +15,13 @@ def expert_topology(num_experts: int, ranks: int, redundant_experts: int = 0) ->
     return Topology(nodes=1, devices=ranks, slots_per_device=-(-(num_experts + redundant_experts) // ranks))
 
 
+def drop_logical_experts(target: Transformer) -> None:
+    """Free the model's own expert weights once an ExpertRuntime holds this rank's slots; the MoE layers then
+    run only through that runtime."""
+    for block in target.moe_blocks:
+        block.w1 = block.w3 = block.w2 = None
+
+
 @dataclass
 class StepCounts:
     """What the MoE layers routed during one step (every target forward since the last take)."""
