@@ -92,8 +92,8 @@ class Engine:
             self.experts = ExpertRuntime(target, topology, ep.exchange if ep is not None else LOCAL)
         self._config_lock = threading.Lock()
         self._check(config)
-        self.config, self._pending = EngineConfig(), config
-        self._adopt_pending_config()
+        self._pending = None
+        self._take(config)
 
     # -- the seam ---------------------------------------------------------------------------------
 
@@ -322,9 +322,11 @@ class Engine:
 
     def _adopt_pending_config(self) -> None:
         with self._config_lock:
-            if self._pending is None:
-                return
             config, self._pending = self._pending, None
+        if config is not None:
+            self._take(config)
+
+    def _take(self, config: EngineConfig) -> None:
         if self.experts is not None:
             self.experts.capacity_factor = config.capacity_factor
             placement = self._placement_of(config)

@@ -90,7 +90,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MoEBlock(spec) if spec.is_moe else MLP(spec)
 
-    def forward(self, x, batch: ForwardBatch, cache: KVCache, rotary: Rotary, experts: MoERunner | None) -> torch.Tensor:
+    def forward(self, x, batch: ForwardBatch, cache: KVCache, rotary: Rotary,
+                experts: MoERunner | None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), batch, cache, rotary)
         h = self.post_attention_layernorm(x)
         return x + (experts(self.mlp, h) if experts is not None and isinstance(self.mlp, MoEBlock) else self.mlp(h))

@@ -111,9 +111,10 @@ def moe_forward(x: torch.Tensor, gate: nn.Linear, top_k: int, slots: ExpertSlots
     pair_slot_all = slots.slot_of(routing.experts, routing.slots).flatten()
     pair = kept.flatten().nonzero().squeeze(1)          # pair id = token * top_k + choice
     pair_slot = pair_slot_all[pair]
-    counts = LayerCounts(routing.counts, torch.bincount(pair_slot, minlength=slots.num_slots), int(n * top_k - pair.numel()))
+    counts = LayerCounts(routing.counts, torch.bincount(pair_slot, minlength=slots.num_slots),
+                         n * top_k - pair.numel())
 
-    shard_sizes = [len(s) for s in torch.arange(n).tensor_split(world)]
+    shard_sizes = [n // world + (r < n % world) for r in range(world)]
     shard_ends = torch.tensor(shard_sizes, device=x.device).cumsum(0)
     token = pair // top_k
     src = torch.bucketize(token, shard_ends, right=True)
