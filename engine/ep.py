@@ -93,6 +93,8 @@ class ExpertParallel:
             raise ValueError("expert parallelism needs an MoE target; this one is dense")
         parameter = next(target.parameters())
         device, dtype = parameter.device, parameter.dtype
+        if device.type == "cuda" and ranks > torch.cuda.device_count():
+            raise ValueError(f"--ep {ranks} needs one GPU per rank; this machine has {torch.cuda.device_count()}")
         self.topology = expert_topology(target.spec.num_experts, ranks, redundant_experts)
         self.timeout_seconds = timeout_seconds
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -188,6 +190,8 @@ def _serve_rank(rank: int, world: int, backend: str, init_method: str, model: st
 
     torch.set_num_threads(threads)
     device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_seconds))
     try:

@@ -74,8 +74,8 @@ class ExpertRuntime:
                 source = next((s for s in holders if s // spd == dest), holders[0])
                 tag = layer * len(new) + slot
                 if rank == source // spd == dest:
-                    for target, weights in zip(fresh, (current.w1, current.w3, current.w2)):
-                        target[slot - rank * spd] = weights[source - rank * spd]
+                    for into, weights in zip(fresh, (current.w1, current.w3, current.w2)):
+                        into[slot - rank * spd] = weights[source - rank * spd]
                 elif rank == source // spd:
                     sends.append((_pack(current, source - rank * spd), dest, tag))
                 elif rank == dest:
