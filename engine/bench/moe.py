@@ -40,6 +40,8 @@ NOTES = {
 
 def add_moe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ep", type=_int_in(2, 64), default=2, help="expert-parallel ranks (default 2)")
+    parser.add_argument("--redundant-experts", type=_int_in(0, 256), default=0,
+                        help="spare slots for replicas, over all ranks (default 0)")
     parser.add_argument("--prompts", type=_int_in(1, 256), help=f"prompts served at once (default 8; "
                                                                  f"{QUICK_PROMPTS} quick)")
     parser.add_argument("--max-tokens", type=_int_in(1, 1024),
@@ -80,7 +82,8 @@ def run_moe_bench(args: argparse.Namespace, planner: Planner | None = None) -> i
 
     # build_engine frees an expert-parallel target's own expert weights, so EP gets its own copy of the model
     parallel = build_engine(load_models(DEFAULT_MODEL, draft="none", device=torch.device("cpu"),
-                                        dtype=torch.float32), PLAIN, limits, ep=args.ep, model=DEFAULT_MODEL)
+                                        dtype=torch.float32), PLAIN, limits, ep=args.ep,
+                            redundant_experts=args.redundant_experts, model=DEFAULT_MODEL)
     try:
         _serve(parallel, prompts[:1], params)
         sweep = []
@@ -100,7 +103,8 @@ def run_moe_bench(args: argparse.Namespace, planner: Planner | None = None) -> i
         "benchmark": "moe",
         "command": report.command("governor bench moe", args),
         "machine": {**machine, "load_average_at_end": report.load_average()},
-        "settings": {"model": DEFAULT_MODEL, "ep": args.ep, "prompts": num_prompts, "max_tokens": max_tokens,
+        "settings": {"model": DEFAULT_MODEL, "ep": args.ep, "redundant_experts": args.redundant_experts,
+                     "prompts": num_prompts, "max_tokens": max_tokens,
                      "spec_method": "off", "greedy": True, "device": "cpu", "dtype": "float32",
                      "topology": vars(parallel.experts.topology)},
         "notes": NOTES,
@@ -223,7 +227,7 @@ def _figure(data: dict):
     if "after" in data["placement"]:
         balance.bar(np.arange(len(layers)) + 0.2, data["placement"]["after"]["balancedness_per_layer"], width=0.4,
                     label="placed by measured heat", color="tab:green")
-    balance.set(xlabel="MoE layer", ylabel="balancedness (mean/max pairs per rank)", ylim=(0, 1.05),
+    balance.set(xticks=np.arange(len(layers)), xlabel="MoE layer", ylabel="balancedness (mean/max pairs per rank)", ylim=(0, 1.05),
                 title=f"Balance; re-placement stall {data['replacement']['mean_seconds'] * 1e3:.0f} ms")
     balance.legend(loc="lower left")
     return figure
