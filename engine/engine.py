@@ -15,9 +15,9 @@ from engine.batch import SequenceChunk, build_forward_batch
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters import Drafter, Drafts, ModelDrafter, NgramDrafter
 from engine.experts import ExpertRuntime, StepCounts, expert_topology
-from engine.moe import LOCAL
 from engine.kv_cache import BlockAllocator, KVCache
 from engine.modeling import Transformer
+from engine.moe import LOCAL
 from engine.placement import PlacementError, Topology, check_placement, identity_placement, tokens_per_device
 from engine.sampling import probs_from_logits, uniforms
 from engine.scheduler import Scheduled, Scheduler

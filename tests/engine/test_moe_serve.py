@@ -40,7 +40,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_serve_refuses_expert_parallelism_on_a_dense_model(tmp_path):
+def test_serve_refuses_expert_parallelism_on_a_dense_model():
     result = subprocess.run([sys.executable, "-m", "engine.cli", "serve", "--model", "engine/assets/governor-draft",
                              "--ep", "2"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--ep" in result.stderr and "dense" in result.stderr
