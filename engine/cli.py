@@ -21,6 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="port (default 8000)")
     serve.add_argument("--model", help="shipped model name, model folder or .gguf file (default governor-moe)")
     serve.add_argument("--draft", help="draft model name or path, self:N, or none (default: the model's own)")
+    serve.add_argument("--ep", type=int, help="expert-parallel ranks: processes that share the MoE experts "
+                       "over torch.distributed (default 1: one process)")
+    serve.add_argument("--redundant-experts", type=int,
+                       help="spare expert slots for replicas, over all ranks (default 0)")
     serve.add_argument("--demo-traffic", action="store_true", default=None,
                        help="send the built-in demo load to this server, so the dashboard shows live data")
     serve.set_defaults(run=_serve)
@@ -42,12 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     add_telemetry_arguments(telemetry)
     telemetry.set_defaults(run=run_telemetry_bench)
 
-    from engine.bench.planner import add_planner_arguments, run_planner_bench
+    from engine.bench.moe_parts import add_moe_bench_arguments, run_moe_bench_parts
 
-    moe = benches.add_parser("moe", help="MoE: expert placement planner beside DeepSeek EPLB's greedy")
-    moe.add_argument("--part", choices=["planner"], default="planner", help="which part to run (default: all)")
-    add_planner_arguments(moe)
-    moe.set_defaults(run=run_planner_bench)
+    moe = benches.add_parser("moe", help="MoE: one process vs expert parallelism, capacity factors, placement; "
+                                         "the planner beside DeepSeek EPLB's greedy")
+    add_moe_bench_arguments(moe)
+    moe.set_defaults(run=run_moe_bench_parts)
 
     plan = commands.add_parser("plan", help="expert placement from measured heat, as JSON")
     add_plan_arguments(plan)
@@ -62,6 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from engine.api import create_app
     from engine.engine import EngineLimits
+    from engine.ep import ExpertParallelError
     from engine.metrics import EngineMetrics
     from engine.models import build_engine, load_models
     from engine.service import EngineService
@@ -91,7 +96,12 @@ def _serve(args: argparse.Namespace) -> int:
                           max_batch_tokens=settings.max_batch_tokens)
     metrics = EngineMetrics(models.name)
     tracer = tracing.get_tracer("governor") if tracing is not None else None
-    engine = build_engine(models, limits=limits, sinks=[metrics, *([StepSpans(tracer)] if tracer else [])])
+    try:
+        engine = build_engine(models, limits=limits, ep=settings.ep, redundant_experts=settings.redundant_experts,
+                              model=settings.model, sinks=[metrics, *([StepSpans(tracer)] if tracer else [])])
+    except (ValueError, ExpertParallelError) as error:
+        print(f"governor serve: {error}", file=sys.stderr)
+        return 2
     metrics.watch_load(lambda: len(engine.scheduler.running), lambda: len(engine.scheduler.waiting))
     service = EngineService(engine)
     app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens, metrics, tracer)
@@ -105,6 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
         yield
         stop_demo.set()
         service.stop()
+        engine.close()
         if tracing is not None:
             tracing.shutdown()
 

@@ -8,14 +8,18 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.batch import SequenceChunk, build_forward_batch
 from engine.config import EngineConfig, SamplingParams
 from engine.drafters import Drafter, Drafts, ModelDrafter, NgramDrafter
+from engine.experts import ExpertRuntime, StepCounts, expert_topology
 from engine.kv_cache import BlockAllocator, KVCache
 from engine.modeling import Transformer
+from engine.moe import LOCAL
+from engine.placement import PlacementError, Topology, check_placement, identity_placement, tokens_per_device
 from engine.sampling import probs_from_logits, uniforms
 from engine.scheduler import Scheduled, Scheduler
 from engine.sequence import Sequence
@@ -23,6 +27,9 @@ from engine.telemetry import Telemetry, TelemetrySink
 from engine.tokenizer import Tokenizer
 from engine.window import Window
 from kernels import verify_drafts
+
+if TYPE_CHECKING:
+    from engine.ep import ExpertParallel
 
 
 class RequestError(ValueError):
@@ -40,6 +47,10 @@ class EngineLimits:
     max_num_seqs: int = 32
     max_batch_tokens: int = 512
 
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.kv_cache_tokens // self.block_size)
+
 
 @dataclass
 class Emission:
@@ -53,15 +64,22 @@ class Emission:
 
 
 class Engine:
+    """ep: the expert-parallel group whose rank 0 this engine is (None: one process, every expert here).
+    topology: where expert slots live (default: one slot per expert on each of the group's ranks)."""
+
     def __init__(self, target: Transformer, tokenizer: Tokenizer, draft: Transformer | None = None,
                  config: EngineConfig = EngineConfig(), limits: EngineLimits = EngineLimits(),
-                 sinks: Iterable[TelemetrySink] = ()):
+                 sinks: Iterable[TelemetrySink] = (), ep: ExpertParallel | None = None,
+                 topology: Topology | None = None):
         if draft is not None and draft.spec.vocab_size != target.spec.vocab_size:
             raise ValueError(f"draft vocab_size {draft.spec.vocab_size} != target vocab_size {target.spec.vocab_size}")
+        if ep is not None and draft is not None and set(draft.moe_blocks) & set(target.moe_blocks):
+            raise ValueError("an expert-parallel target cannot draft with its own MoE layers (self:N); "
+                             "use a separate draft model or prompt lookup")
         self.target, self.tokenizer, self.limits = target, tokenizer, limits
         self.device = next(target.parameters()).device
         dtype = next(target.parameters()).dtype
-        self.allocator = BlockAllocator(-(-limits.kv_cache_tokens // limits.block_size), limits.block_size)
+        self.allocator = BlockAllocator(limits.num_blocks, limits.block_size)
         num_slots = self.allocator.num_blocks * limits.block_size
         self.cache = KVCache(target.spec, num_slots, dtype, self.device)
         self.max_model_len = min([target.spec.max_position] + ([draft.spec.max_position] if draft else []))
@@ -69,11 +87,15 @@ class Engine:
         self.model_drafter = (ModelDrafter(draft, KVCache(draft.spec, num_slots, dtype, self.device), limits.block_size)
                               if draft is not None else None)
         self.telemetry = Telemetry(sinks)
+        self.ep = ep
+        self.experts = None
+        if target.moe_blocks:
+            topology = ep.topology if ep is not None else topology or expert_topology(target.spec.num_experts, 1)
+            self.experts = ExpertRuntime(target, topology, ep.exchange if ep is not None else LOCAL)
         self._config_lock = threading.Lock()
         self._check(config)
-        self.config, self._pending = config, None
-        self.drafter = self._drafter_for(config)
-        self.telemetry.record_config(config)
+        self._pending = None
+        self._take(config)
 
     # -- the seam ---------------------------------------------------------------------------------
 
@@ -143,10 +165,13 @@ class Engine:
         draft_lists = self._draft_lists(drafting, drafts)
         chunks = [self._chunk(item, draft_lists.get(id(item), [])) for item in plan]
         target_started = time.perf_counter()
-        logits = self.target(build_forward_batch(chunks, self.limits.block_size, self.device), self.cache)
+        if self.ep is not None:
+            self.ep.forward(chunks, self.config.capacity_factor)
+        logits = self.target(build_forward_batch(chunks, self.limits.block_size, self.device), self.cache,
+                             self.experts)
         _synchronize(self.device)
         target_seconds = time.perf_counter() - target_started
-        expert_tokens = self._take_expert_tokens()
+        expert_counts = self.experts.take_counts() if self.experts is not None else None
         num_accepted, next_tokens = self._verify(sampling, draft_lists, drafts, logits)
 
         now = time.perf_counter()
@@ -162,7 +187,7 @@ class Engine:
                 self.drafter.accepted(seq, drafted_from, accepted)
             emissions.append(self._deliver(seq, proposed[:accepted] + [next_token], now))
         self._record_step(plan, drafting, draft_lists, num_accepted, sampling, queue_depth,
-                          time.perf_counter() - started, target_seconds, draft_seconds, expert_tokens)
+                          time.perf_counter() - started, target_seconds, draft_seconds, expert_counts)
         return emissions
 
     def _drafter_for(self, config: EngineConfig) -> Drafter | None:
@@ -276,7 +301,7 @@ class Engine:
     # -- bookkeeping ------------------------------------------------------------------------------
 
     def _record_step(self, plan, drafting, draft_lists, num_accepted, sampling, queue_depth, step_seconds,
-                     target_seconds, draft_seconds, expert_tokens) -> None:
+                     target_seconds, draft_seconds, expert_counts: StepCounts | None) -> None:
         accepted_by_item = {id(item): n for item, n in zip(sampling, num_accepted)}
         proposed = [len(draft_lists[id(item)]) for item in drafting]
         accepted = [accepted_by_item[id(item)] for item in drafting]
@@ -288,28 +313,63 @@ class Engine:
             accepted_per_position=[sum(a > j for a in accepted) for j in range(k)],
             num_drafts=sum(p > 0 for p in proposed),
             prefill_tokens=sum(item.num_new for item in plan if item.prefill),
-            expert_tokens=expert_tokens)
+            **self._moe_figures(expert_counts))
 
-    def _take_expert_tokens(self) -> torch.Tensor | None:
-        blocks = self.target.moe_blocks
-        if not blocks:
-            return None
-        counts = torch.stack([block.expert_tokens for block in blocks]).cpu()
-        for block in blocks:
-            block.expert_tokens.zero_()
-        return counts
+    def _moe_figures(self, counts: StepCounts | None) -> dict:
+        if counts is None:
+            return {"expert_tokens": None}
+        return {"expert_tokens": counts.expert_tokens, "slot_tokens": counts.slot_tokens,
+                "rank_tokens": torch.from_numpy(tokens_per_device(counts.slot_tokens.numpy(), self.experts.topology)),
+                "dropped_per_layer": counts.dropped_per_layer, "all_to_all_seconds": counts.all_to_all_seconds}
 
     def _adopt_pending_config(self) -> None:
         with self._config_lock:
-            if self._pending is not None:
-                self.config, self._pending = self._pending, None
-                self.drafter = self._drafter_for(self.config)
-                self.telemetry.record_config(self.config)
+            config, self._pending = self._pending, None
+        if config is not None:
+            self._take(config)
+
+    def _take(self, config: EngineConfig) -> None:
+        if self.experts is not None:
+            self.experts.capacity_factor = config.capacity_factor
+            placement = self._placement_of(config)
+            if placement != self.experts.placement:
+                self._replace_experts(placement)
+        self.config = config
+        self.drafter = self._drafter_for(config)
+        self.telemetry.record_config(config)
+
+    def _placement_of(self, config: EngineConfig) -> list[list[int]]:
+        if config.placement is None:
+            return identity_placement(len(self.target.moe_blocks), self.target.spec.num_experts,
+                                      self.experts.topology)
+        return [list(phy2log) for phy2log in config.placement]
+
+    def _replace_experts(self, placement: list[list[int]]) -> None:
+        """Move expert weights between ranks; the steps wait meanwhile, and the stall is measured."""
+        started = time.perf_counter()
+        if self.ep is not None:
+            self.ep.replace(placement)
+        self.experts.replace(placement)
+        _synchronize(self.device)
+        self.telemetry.record_replacement(time.perf_counter() - started)
+
+    def close(self) -> None:
+        """Stop the expert-parallel workers, if any."""
+        if self.ep is not None:
+            self.ep.close()
 
     def _check(self, config: EngineConfig) -> None:
         if config.spec_method == "draft_model" and config.draft_len > 0 and self.model_drafter is None:
             raise RequestError("spec_method", "'draft_model' needs a draft model; this engine has none "
                                "(allowed here: 'off', 'ngram')")
+        if config.placement is not None:
+            if self.experts is None:
+                raise RequestError("placement", "the target has no MoE layers")
+            try:
+                check_placement(config.placement, self.experts.topology, len(self.target.moe_blocks),
+                                self.target.spec.num_experts)
+            except PlacementError as error:
+                raise RequestError("placement", str(error)) from error
 
 
 def _synchronize(device: torch.device) -> None:

@@ -29,8 +29,6 @@ def load_transformer(folder: Path, device: torch.device, dtype: torch.dtype) -> 
     if spec.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.rotary = type(model.rotary)(spec)
-    for block in model.moe_blocks:
-        block.expert_tokens = torch.zeros(block.num_experts, dtype=torch.long)
     return model.to(device).eval()
 
 

@@ -1,6 +1,8 @@
 """A decoder-only transformer covering the Llama (dense) and Mixtral (MoE) architectures."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -9,6 +11,8 @@ from engine.batch import ForwardBatch
 from engine.kv_cache import KVCache
 from engine.moe import MoEBlock
 from engine.spec import ModelSpec
+
+MoERunner = Callable[[MoEBlock, torch.Tensor], torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -86,9 +90,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MoEBlock(spec) if spec.is_moe else MLP(spec)
 
-    def forward(self, x, batch: ForwardBatch, cache: KVCache, rotary: Rotary) -> torch.Tensor:
+    def forward(self, x, batch: ForwardBatch, cache: KVCache, rotary: Rotary,
+                experts: MoERunner | None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), batch, cache, rotary)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        return x + (experts(self.mlp, h) if experts is not None and isinstance(self.mlp, MoEBlock) else self.mlp(h))
 
 
 class Transformer(nn.Module):
@@ -108,11 +114,11 @@ class Transformer(nn.Module):
         return [layer.mlp for layer in self.layers if isinstance(layer.mlp, MoEBlock)]
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
-        """Logits [len(batch.logits_rows), vocab] in float32."""
+    def forward(self, batch: ForwardBatch, cache: KVCache, experts: MoERunner | None = None) -> torch.Tensor:
+        """Logits [len(batch.logits_rows), vocab] in float32; experts runs the MoE layers (default: the block's own)."""
         x = self.embed_tokens(batch.input_ids)
         for layer in self.layers:
-            x = layer(x, batch, cache, self.rotary)
+            x = layer(x, batch, cache, self.rotary, experts)
         return self.lm_head(self.norm(x[batch.logits_rows])).float()
 
     def truncated(self, num_layers: int) -> Transformer:

@@ -10,6 +10,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine, EngineLimits
+from engine.experts import drop_logical_experts, expert_topology
 from engine.loading import load_transformer
 from engine.modeling import Transformer
 from engine.spec import ModelFolderError
@@ -85,9 +86,28 @@ def load_models(model: str = DEFAULT_MODEL, draft: str | None = None, cache_dir:
                         load_tokenizer(folder), draft_model, None if draft == "none" else draft)
 
 
-def build_engine(models: LoadedModels, config: EngineConfig | None = None,
-                 limits: EngineLimits = EngineLimits(), sinks: Sequence[TelemetrySink] = ()) -> Engine:
+def build_engine(models: LoadedModels, config: EngineConfig | None = None, limits: EngineLimits = EngineLimits(),
+                 ep: int = 1, redundant_experts: int = 0, model: str = DEFAULT_MODEL,
+                 sinks: Sequence[TelemetrySink] = ()) -> Engine:
+    """ep > 1 spawns ep - 1 worker ranks that load `model` themselves; the target then keeps only rank 0's
+    expert slots. Raises ValueError for a combination that cannot be served (e.g. ep > 1 on a dense model)."""
     if config is None:
         fallback = "draft_model" if models.draft is not None else "ngram"
         config = EngineConfig(spec_method=DEFAULT_SPEC_METHODS.get(models.name, fallback))
-    return Engine(models.target, models.tokenizer, models.draft, config, limits, sinks)
+    if not models.target.moe_blocks:
+        if ep > 1 or redundant_experts:
+            raise ValueError(f"--ep and --redundant-experts need an MoE model; {models.name} is dense")
+        return Engine(models.target, models.tokenizer, models.draft, config, limits, sinks)
+    if ep == 1:
+        topology = expert_topology(models.target.spec.num_experts, 1, redundant_experts)
+        return Engine(models.target, models.tokenizer, models.draft, config, limits, sinks, topology=topology)
+    from engine.ep import ExpertParallel
+
+    group = ExpertParallel(model, ep, models.target, limits, redundant_experts=redundant_experts)
+    try:
+        engine = Engine(models.target, models.tokenizer, models.draft, config, limits, sinks, ep=group)
+    except Exception:
+        group.close()
+        raise
+    drop_logical_experts(models.target)
+    return engine

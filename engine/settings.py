@@ -20,3 +20,5 @@ class Settings(BaseSettings):
     max_num_seqs: int = Field(32, ge=1)
     max_batch_tokens: int = Field(512, ge=16)
     default_max_tokens: int = Field(64, ge=1)
+    ep: int = Field(1, ge=1, le=64, description="expert-parallel ranks (processes) serving the MoE target")
+    redundant_experts: int = Field(0, ge=0, le=256, description="spare expert slots for replicas, over all ranks")

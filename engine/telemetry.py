@@ -11,6 +11,7 @@ from typing import Protocol
 import torch
 
 from engine.config import EngineConfig
+from engine.placement import balancedness
 from engine.window import LatencySummary, Window
 
 MAX_SAMPLES = 50_000  # per window and distribution; an unread window keeps the latest ones
@@ -39,6 +40,11 @@ class _Accumulator:
     batch_sizes: deque = field(default_factory=_samples)
     queue_depths: deque = field(default_factory=_samples)
     expert_tokens: torch.Tensor | None = None
+    slot_tokens: torch.Tensor | None = None
+    rank_tokens: torch.Tensor | None = None
+    dropped_per_layer: torch.Tensor | None = None
+    all_to_all_seconds: float = 0.0
+    replacement_seconds: float = 0.0
 
 
 def _add_per_position(totals: list[int], counts: list[int]) -> None:
@@ -73,12 +79,18 @@ class Telemetry:
 
     def record_step(self, *, batch_size: int, queue_depth: int, step_seconds: float, target_seconds: float,
                     draft_seconds: float, drafted_per_position: list[int], accepted_per_position: list[int],
-                    num_drafts: int, prefill_tokens: int, expert_tokens: torch.Tensor | None) -> None:
+                    num_drafts: int, prefill_tokens: int, expert_tokens: torch.Tensor | None,
+                    slot_tokens: torch.Tensor | None = None, rank_tokens: torch.Tensor | None = None,
+                    dropped_per_layer: torch.Tensor | None = None, all_to_all_seconds: float = 0.0) -> None:
+        """MoE figures (None for dense targets): expert_tokens [layers, experts], slot_tokens [layers, slots],
+        rank_tokens [layers, ranks], dropped_per_layer [layers], all counted in (token, expert) pairs."""
         for sink in self._sinks:
             sink.record_step(batch_size=batch_size, queue_depth=queue_depth, step_seconds=step_seconds,
                              target_seconds=target_seconds, draft_seconds=draft_seconds,
                              drafted_per_position=drafted_per_position, accepted_per_position=accepted_per_position,
-                             num_drafts=num_drafts, prefill_tokens=prefill_tokens, expert_tokens=expert_tokens)
+                             num_drafts=num_drafts, prefill_tokens=prefill_tokens, expert_tokens=expert_tokens,
+                             slot_tokens=slot_tokens, rank_tokens=rank_tokens, dropped_per_layer=dropped_per_layer,
+                             all_to_all_seconds=all_to_all_seconds, **_balancedness_of(rank_tokens))
         with self._lock:
             acc = self._acc
             acc.steps += 1
@@ -91,8 +103,16 @@ class Telemetry:
             acc.prefill_tokens += prefill_tokens
             _add_per_position(acc.drafted_per_position, drafted_per_position)
             _add_per_position(acc.accepted_per_position, accepted_per_position)
-            if expert_tokens is not None:
-                acc.expert_tokens = expert_tokens if acc.expert_tokens is None else acc.expert_tokens + expert_tokens
+            acc.all_to_all_seconds += all_to_all_seconds
+            acc.expert_tokens = _add(acc.expert_tokens, expert_tokens)
+            acc.slot_tokens = _add(acc.slot_tokens, slot_tokens)
+            acc.rank_tokens = _add(acc.rank_tokens, rank_tokens)
+            acc.dropped_per_layer = _add(acc.dropped_per_layer, dropped_per_layer)
+
+    def record_replacement(self, seconds: float) -> None:
+        """Serving stalled this long while expert weights moved to a new placement."""
+        with self._lock:
+            self._acc.replacement_seconds += seconds
 
     def record_tokens(self, *, count: int, ttft: float | None, gap: float | None) -> None:
         """count tokens delivered at once; a gap since the previous delivery is spread evenly over them."""
@@ -127,4 +147,26 @@ class Telemetry:
             ttft_seconds=LatencySummary.of(list(acc.ttft)), inter_token_seconds=LatencySummary.of(list(acc.inter_token)),
             e2e_seconds=LatencySummary.of(list(acc.e2e)), batch_size_mean=sum(sizes) / len(sizes),
             batch_size_max=max(sizes), queue_depth_mean=sum(depths) / len(depths), queue_depth_max=max(depths),
-            expert_tokens=None if acc.expert_tokens is None else acc.expert_tokens.tolist())
+            expert_tokens=_listed(acc.expert_tokens), slot_tokens=_listed(acc.slot_tokens),
+            rank_tokens=_listed(acc.rank_tokens),
+            dropped_tokens=0 if acc.dropped_per_layer is None else int(acc.dropped_per_layer.sum()),
+            dropped_per_layer=_listed(acc.dropped_per_layer),
+            **_balancedness_of(acc.rank_tokens),
+            all_to_all_seconds=acc.all_to_all_seconds, capacity_factor=config.capacity_factor,
+            replacement_seconds=acc.replacement_seconds)
+
+
+def _add(total: torch.Tensor | None, step: torch.Tensor | None) -> torch.Tensor | None:
+    return step if total is None else total if step is None else total + step
+
+
+def _listed(total: torch.Tensor | None) -> list | None:
+    return None if total is None else total.tolist()
+
+
+def _balancedness_of(rank_tokens: torch.Tensor | None) -> dict:
+    if rank_tokens is None:
+        return {"balancedness": None, "balancedness_per_layer": None}
+    per_rank = rank_tokens.cpu().numpy()
+    return {"balancedness": balancedness(per_rank),
+            "balancedness_per_layer": [balancedness(layer[None]) for layer in per_rank]}

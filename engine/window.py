@@ -51,6 +51,16 @@ class Window:
     queue_depth_mean: float
     queue_depth_max: int
     expert_tokens: list[list[int]] | None   # [layers][experts] tokens routed, MoE targets only
+    # MoE targets only below (None / 0 otherwise); "tokens" are (token, expert) pairs, top_k per token per layer
+    slot_tokens: list[list[int]] | None = None            # [layers][slots] pairs each physical slot computed
+    rank_tokens: list[list[int]] | None = None            # [layers][ranks] pairs each rank's experts computed
+    dropped_tokens: int = 0                               # pairs dropped over capacity, all layers
+    dropped_per_layer: list[int] | None = None            # [layers]
+    balancedness: float | None = None                     # vLLM: sum_l mean_r / sum_l max_r of rank_tokens
+    balancedness_per_layer: list[float | None] | None = None
+    all_to_all_seconds: float = 0.0                       # expert-parallel exchange time inside target forwards
+    capacity_factor: float = 0.0                          # echo of the config (0 = dropless)
+    replacement_seconds: float = 0.0                      # serving stalled while expert weights moved
 
     @property
     def duration_seconds(self) -> float:
@@ -68,7 +78,12 @@ class Window:
     def mean_acceptance_length(self) -> float | None:
         return 1 + self.accepted_tokens / self.num_drafts if self.num_drafts else None
 
+    @property
+    def comm_share(self) -> float | None:
+        """Share of step time spent in expert-parallel communication."""
+        return self.all_to_all_seconds / self.step_seconds if self.step_seconds else None
+
     def to_dict(self) -> dict:
         return {**asdict(self), "duration_seconds": self.duration_seconds,
-                "goodput_tokens_per_second": self.goodput_tokens_per_second,
+                "goodput_tokens_per_second": self.goodput_tokens_per_second, "comm_share": self.comm_share,
                 "acceptance_rate": self.acceptance_rate, "mean_acceptance_length": self.mean_acceptance_length}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -42,9 +41,6 @@ NOTES = {
 def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed plans per planner and load (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the expert orders and token draws")
-    parser.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="folder for the JSON and PNG")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"{QUICK_LAYERS} layers, skews {QUICK_SKEWS}, one timed plan: a smoke run")
 
 
 def run_planner_bench(args: argparse.Namespace) -> int:

@@ -86,7 +86,8 @@ def test_latency_histograms_count_every_observation_of_the_windows(run):
 def test_config_info_follows_the_config_the_engine_adopts(moe_models):
     metrics = EngineMetrics(MODEL)
     engine = _engine(moe_models, metrics, EngineConfig(draft_len=3))
-    labels = {"version": "0", "spec_method": "draft_model", "draft_len": "3", "ngram_min": "1", "ngram_max": "4"}
+    labels = {"version": "0", "spec_method": "draft_model", "draft_len": "3", "ngram_min": "1", "ngram_max": "4",
+              "capacity_factor": "0.0", "placement": "None"}
     assert _value(metrics, "governor_config_info", **labels) == 1
     engine.apply(EngineConfig(version=7, spec_method="ngram", draft_len=2))
     assert _value(metrics, "governor_config_info", **labels) == 1, "a pending config is not live yet"
