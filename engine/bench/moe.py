@@ -37,26 +37,17 @@ NOTES = {
 
 
 def add_moe_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ep", type=_int_in(2, 64), default=2, help="expert-parallel ranks (default 2)")
-    parser.add_argument("--redundant-experts", type=_int_in(0, 256), default=0,
+    parser.add_argument("--ep", type=report.int_in(2, 64), default=2, help="expert-parallel ranks (default 2)")
+    parser.add_argument("--redundant-experts", type=report.int_in(0, 256), default=0,
                         help="spare slots for replicas, over all ranks (default 0)")
-    parser.add_argument("--prompts", type=_int_in(1, 256), help=f"prompts served at once (default 8; "
+    parser.add_argument("--prompts", type=report.int_in(1, 256), help=f"prompts served at once (default 8; "
                                                                  f"{QUICK_PROMPTS} quick)")
-    parser.add_argument("--max-tokens", type=_int_in(1, 1024),
+    parser.add_argument("--max-tokens", type=report.int_in(1, 1024),
                         help=f"tokens generated per prompt (default 32; {QUICK_MAX_TOKENS} quick)")
     parser.add_argument("--capacity-factors", type=float, nargs="+", default=list(CAPACITY_FACTORS),
                         help="capacity factors to sweep, 0 = dropless (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="folder for moe.json and moe.png")
     parser.add_argument("--quick", action="store_true", help="few prompts and tokens: a smoke run")
-
-
-def _int_in(low: int, high: int):
-    def parse(text: str) -> int:
-        value = int(text)
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be in {low}..{high}, got {value}")
-        return value
-    return parse
 
 
 def run_moe_bench(args: argparse.Namespace) -> int:

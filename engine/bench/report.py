@@ -60,6 +60,16 @@ def command(prog: str, args: argparse.Namespace) -> str:
     return " ".join(words)
 
 
+def int_in(low: int, high: int):
+    """An argparse type: an integer in low..high, or a message naming the range."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in {low}..{high}, got {value}")
+        return value
+    return parse
+
+
 def write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")

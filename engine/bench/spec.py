@@ -85,25 +85,16 @@ TARGETS = (
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", nargs="+", choices=list(PLANS), default=list(PLANS),
                         help="models to measure, each with its drafters (default: all)")
-    parser.add_argument("--k-max", type=_int_in(1, MAX_DRAFT_LEN), default=8, help="sweep k = 0..K (default 8)")
-    parser.add_argument("--prompts", type=_int_in(1, 10_000),
+    parser.add_argument("--k-max", type=report.int_in(1, MAX_DRAFT_LEN), default=8, help="sweep k = 0..K (default 8)")
+    parser.add_argument("--prompts", type=report.int_in(1, 10_000),
                         help="prompts per batch-1 run (default: " + _per_model("prompts") + f"; {QUICK_PROMPTS} quick)")
-    parser.add_argument("--max-tokens", type=_int_in(2, 4096),
+    parser.add_argument("--max-tokens", type=report.int_in(2, 4096),
                         help="tokens generated per prompt (default: " + _per_model("max_tokens")
                              + f"; {QUICK_MAX_TOKENS} quick)")
-    parser.add_argument("--concurrency", type=_int_in(1, 256), default=16,
+    parser.add_argument("--concurrency", type=report.int_in(1, 256), default=16,
                         help="requests submitted at once (default 16)")
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="folder for spec.json and spec.png")
     parser.add_argument("--quick", action="store_true", help="few prompts and tokens: a smoke run")
-
-
-def _int_in(low: int, high: int):
-    def parse(text: str) -> int:
-        value = int(text)
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be in {low}..{high}, got {value}")
-        return value
-    return parse
 
 
 def _per_model(field: str) -> str:
