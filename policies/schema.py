@@ -32,6 +32,8 @@ class SLOPolicy(_Section):
 
 class SpeculationPolicy(_Section):
     k_max: int = Field(8, ge=1, le=MAX_DRAFT_LEN, description="largest draft length the controller may choose")
+    k_step: int = Field(2, ge=1, le=MAX_DRAFT_LEN,
+                        description="how far past the draft lengths already measured one trial may go")
     min_gain: float = Field(1.05, ge=1.0, le=100.0,
                             description="keep speculation only while it beats plain decoding by this factor")
     hysteresis: float = Field(0.05, ge=0.0, le=10.0,
@@ -40,11 +42,12 @@ class SpeculationPolicy(_Section):
 
 
 class TrialPolicy(_Section):
-    min_predicted_gain: float = Field(1.03, ge=1.0, le=100.0,
+    min_predicted_gain: float = Field(1.05, ge=1.0, le=100.0,
                                       description="propose a change only if the model predicts this much gain")
     keep_gain: float = Field(1.0, gt=0.0, le=100.0,
                              description="keep a trial if trial / baseline tokens per busy second >= this")
     cooldown_windows: int = Field(0, ge=0, description="windows to wait after a rollback before the next trial")
+    retry_windows: int = Field(10, ge=1, description="windows before a reverted candidate may be tried again")
 
 
 class CapacityPolicy(_Section):
