@@ -1,4 +1,4 @@
-"""The `governor` command line: serve, load, bench."""
+"""The `governor` command line: serve, load, bench, control, policy."""
 from __future__ import annotations
 
 import argparse
@@ -22,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--draft", help="draft model name or path, self:N, or none (default: the model's own)")
     serve.add_argument("--demo-traffic", action="store_true", default=None,
                        help="send the built-in demo load to this server, so the dashboard shows live data")
+    serve.add_argument("--policy", help="controller policy YAML file or shipped policy name (default: default)")
+    serve.add_argument("--db", help="SQLAlchemy URL of the controller's store (default sqlite:///governor.db)")
+    serve.add_argument("--no-controller", dest="controller", action="store_false", default=None,
+                       help="serve the engine alone, for a `governor control` elsewhere")
     serve.set_defaults(run=_serve)
 
     load = commands.add_parser("load", help="open-loop traffic generator")
@@ -35,6 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     spec = benches.add_parser("spec", help="speculative decoding: k = 0..8, beside transformers")
     add_spec_arguments(spec)
     spec.set_defaults(run=run_spec_bench)
+
+    from controller.cli import add_control_arguments, add_policy_arguments, run_control
+
+    control = commands.add_parser("control", help="run the controller against remote engines")
+    add_control_arguments(control)
+    control.set_defaults(run=run_control)
+
+    policy = commands.add_parser("policy", help="controller policy files")
+    add_policy_arguments(policy)
 
     args = parser.parse_args(argv)
     return args.run(args)
@@ -66,16 +79,33 @@ def _serve(args: argparse.Namespace) -> int:
     limits = EngineLimits(kv_cache_tokens=settings.kv_cache_tokens, max_num_seqs=settings.max_num_seqs,
                           max_batch_tokens=settings.max_batch_tokens)
     service = EngineService(build_engine(models, limits=limits))
-    app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens)
+    plane = None
+    if settings.controller:
+        from controller.cli import build_control_plane
+        from controller.clients import InProcessClient
+        from policies import PolicyError
+
+        try:
+            plane = build_control_plane(InProcessClient(service.engine), settings.policy, settings.db,
+                                        settings.admin_token)
+        except PolicyError as error:
+            print(f"governor serve: --policy: {error}", file=sys.stderr)
+            return 2
+    app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens,
+                     admin_router=plane.router if plane else None)
     stop_demo = threading.Event()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         service.start()
+        if plane:
+            plane.controller.start()
         if settings.demo_traffic:
             _start_demo_traffic(f"http://{settings.host}:{settings.port}", stop_demo)
         yield
         stop_demo.set()
+        if plane:
+            plane.controller.stop()
         service.stop()
 
     app.router.lifespan_context = lifespan

@@ -20,3 +20,6 @@ class Settings(BaseSettings):
     max_num_seqs: int = Field(32, ge=1)
     max_batch_tokens: int = Field(512, ge=16)
     default_max_tokens: int = Field(64, ge=1)
+    controller: bool = Field(True, description="run the controller loop in-process (off: expose the raw seam)")
+    policy: str = Field("default", description="policy YAML file, or the name of a shipped policy")
+    db: str = Field("sqlite:///governor.db", description="SQLAlchemy URL of the controller's store")
