@@ -89,8 +89,8 @@ class Controller:
         self._no_data = False
         self.strategy.observe(window)
         if self._trial is not None:
-            self._judge(window)
-            return
+            if not self._judge(window):
+                return                  # reverted: the window measured a config no longer in use
         self._evaluate_slo(window)
         if self.store.pin() is not None or self.window_index < self._cooldown_until:
             return
@@ -134,7 +134,8 @@ class Controller:
         self._end_trial("cut_short", None, "trial cut short, baseline restored: " + "; ".join(breaches), part)
         return True
 
-    def _judge(self, window: Window) -> None:
+    def _judge(self, window: Window) -> bool:
+        """End the trial; True if it was kept (so the window measured the config now in use)."""
         trial = self._trial
         baseline = tokens_per_busy_second(trial.baseline)
         gain = tokens_per_busy_second(window) / baseline if baseline > 0 else None
@@ -146,6 +147,8 @@ class Controller:
             self._end_trial("reverted", gain, f"measured {_fmt(gain)}x < {keep_gain:.3f}x needed to keep", window)
         else:
             self._end_trial("kept", gain, f"measured {gain:.3f}x >= {keep_gain:.3f}x needed to keep", window)
+            return True
+        return False
 
     def _end_trial(self, outcome: str, gain: float | None, reason: str, window: Window) -> None:
         trial, self._trial = self._trial, None
