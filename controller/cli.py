@@ -16,8 +16,8 @@ from controller.alerts import AlertIntake
 from controller.clients import EngineClient, EngineClientError, HttpClient
 from controller.loop import Controller
 from controller.metrics import MetricsSink
-from controller.store import Store
-from policies import PolicyError, load_policy
+from controller.store import Store, StoreError
+from policies import Policy, PolicyError, load_policy
 
 
 @dataclass
@@ -27,11 +27,14 @@ class ControlPlane:
     router: APIRouter
 
 
-def build_control_plane(client: EngineClient, policy_file: str, db_url: str, admin_token: str | None,
-                        metrics: MetricsSink | None = None, on_decision=None) -> ControlPlane:
-    """Raises PolicyError for a bad policy file; the store is created if missing."""
-    policy = load_policy(policy_file)
-    controller = Controller(client, Store(db_url), policy, policy_file, metrics=metrics, on_decision=on_decision)
+def build_control_plane(client: EngineClient, policy: Policy | str, db_url: str, admin_token: str | None,
+                        metrics: MetricsSink | None = None, on_decision=None, policy_name: str | None = None
+                        ) -> ControlPlane:
+    """policy: a Policy, or a file or shipped name to load (PolicyError if bad); the store is created if missing."""
+    if isinstance(policy, str):
+        policy, policy_name = load_policy(policy), policy
+    controller = Controller(client, Store(db_url), policy, policy_name or "custom", metrics=metrics,
+                            on_decision=on_decision)
     intake = AlertIntake(controller)
     return ControlPlane(controller, intake, create_admin_router(controller, intake, admin_token))
 
@@ -43,15 +46,17 @@ def add_control_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", default="sqlite:///governor.db", help="SQLAlchemy URL of the store")
 
 
-def run_control(args: argparse.Namespace) -> int:
-    def say(decision_id: int, action: str, reason: str) -> None:
-        print(f"decision {decision_id} {action}: {reason}", flush=True)
+def print_decision(decision_id: int, action: str, reason: str) -> None:
+    print(f"decision {decision_id} {action}: {reason}", flush=True)
 
+
+def run_control(args: argparse.Namespace) -> int:
     try:
         client = HttpClient(args.engine, os.environ.get("GOVERNOR_ADMIN_TOKEN"))
-        plane = build_control_plane(client, args.policy, args.db, None, on_decision=say)
-    except PolicyError as error:
-        print(f"governor control: {error}", file=sys.stderr)
+        plane = build_control_plane(client, args.policy, args.db, None, on_decision=print_decision)
+    except (PolicyError, StoreError) as error:
+        flag = "--policy" if isinstance(error, PolicyError) else "--db"
+        print(f"governor control: {flag}: {error}", file=sys.stderr)
         return 2
     except EngineClientError as error:
         print(f"governor control: {error}", file=sys.stderr)

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, UniqueConstraint, create_engine, \
     event, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from engine.config import EngineConfig
@@ -105,13 +105,20 @@ def config_diff(before: dict | None, after: dict) -> dict:
             if key != "version" and before.get(key) != value}
 
 
+class StoreError(RuntimeError):
+    """The database URL cannot be used; the message names the URL and why."""
+
+
 class Store:
     def __init__(self, url: str):
         self.url = url
-        self.engine = create_engine(url, json_serializer=lambda v: json.dumps(v, default=str))
-        if url.startswith("sqlite"):
-            event.listen(self.engine, "connect", _sqlite_pragmas)
-        Base.metadata.create_all(self.engine)
+        try:
+            self.engine = create_engine(url, json_serializer=lambda v: json.dumps(v, default=str))
+            if url.startswith("sqlite"):
+                event.listen(self.engine, "connect", _sqlite_pragmas)
+            Base.metadata.create_all(self.engine)
+        except (ArgumentError, NoSuchModuleError, OperationalError) as error:
+            raise StoreError(f"{url}: {str(error).splitlines()[0]}") from None
 
     def close(self) -> None:
         self.engine.dispose()

@@ -70,6 +70,15 @@ def _serve(args: argparse.Namespace) -> int:
         first = error.errors()[0]
         print(f"governor serve: --{str(first['loc'][0]).replace('_', '-')}: {first['msg']}", file=sys.stderr)
         return 2
+    policy = None
+    if settings.controller:
+        from policies import PolicyError, load_policy
+
+        try:
+            policy = load_policy(settings.policy)
+        except PolicyError as error:
+            print(f"governor serve: --policy: {error}", file=sys.stderr)
+            return 2
     print(f"governor: loading {settings.model} ...", file=sys.stderr, flush=True)
     try:
         models = load_models(settings.model, settings.draft)
@@ -80,16 +89,16 @@ def _serve(args: argparse.Namespace) -> int:
                           max_batch_tokens=settings.max_batch_tokens)
     service = EngineService(build_engine(models, limits=limits))
     plane = None
-    if settings.controller:
-        from controller.cli import build_control_plane
+    if policy is not None:
+        from controller.cli import build_control_plane, print_decision
         from controller.clients import InProcessClient
-        from policies import PolicyError
+        from controller.store import StoreError
 
         try:
-            plane = build_control_plane(InProcessClient(service.engine), settings.policy, settings.db,
-                                        settings.admin_token)
-        except PolicyError as error:
-            print(f"governor serve: --policy: {error}", file=sys.stderr)
+            plane = build_control_plane(InProcessClient(service.engine), policy, settings.db, settings.admin_token,
+                                        policy_name=settings.policy, on_decision=print_decision)
+        except StoreError as error:
+            print(f"governor serve: --db: {error}", file=sys.stderr)
             return 2
     app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens,
                      admin_router=plane.router if plane else None)

@@ -102,3 +102,14 @@ def test_kill_9_loses_no_decision_and_restart_resumes_the_last_known_good(engine
     finally:
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--db", "nosuch://x"], "governor control: --db: nosuch://x: "),
+    (["--policy", "no-such-policy.yaml"], "governor control: --policy: no-such-policy.yaml: (file): "),
+])
+def test_control_refuses_bad_flags_with_exit_2(flags, message, tmp_path, capsys):
+    from engine.cli import main
+    base = ["control", "--engine", "http://127.0.0.1:1", "--db", f"sqlite:///{tmp_path / 'g.db'}"]
+    assert main(base + flags) == 2
+    assert message in capsys.readouterr().err
