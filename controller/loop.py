@@ -3,6 +3,7 @@ against the baseline window with explicit thresholds, keep it (new last-known-go
 and restarts enter through the same small set of actions; every one is recorded before it returns."""
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 from dataclasses import dataclass
@@ -311,5 +312,4 @@ def _fmt(value: float | None) -> str:
 
 
 def _iso(unix_seconds: float) -> str:
-    import datetime as dt
     return dt.datetime.fromtimestamp(unix_seconds, dt.timezone.utc).isoformat().replace("+00:00", "Z")

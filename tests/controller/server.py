@@ -5,6 +5,7 @@ import contextlib
 import socket
 import threading
 import time
+from pathlib import Path
 
 import uvicorn
 
@@ -12,6 +13,7 @@ from controller.cli import ControlPlane
 from engine.api import create_app
 from engine.service import EngineService
 
+ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "test-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

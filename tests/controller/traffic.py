@@ -1,8 +1,10 @@
-"""Closed-loop traffic for controller tests: one thread keeps `concurrency` requests in an in-process engine."""
+"""Closed-loop traffic for controller tests: in-process (one thread driving the engine) or over HTTP (clients)."""
 from __future__ import annotations
 
 import itertools
 import threading
+
+import httpx
 
 from engine.config import SamplingParams
 from engine.engine import Engine
@@ -36,3 +38,28 @@ class ClosedLoopTraffic:
             self.engine.step()
         while self.engine.has_work:
             self.engine.step()
+
+
+class HttpTraffic:
+    """`clients` HTTP clients, each sending greedy completions back to back."""
+
+    def __init__(self, url: str, clients: int = 4):
+        self.url, self.stop = url, threading.Event()
+        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=30)
+
+    def _client(self):
+        body = {"model": "governor-moe", "prompt": "def fibonacci(n):\n    ", "max_tokens": 48, "temperature": 0,
+                "ignore_eos": True}
+        with httpx.Client(timeout=60) as http:
+            while not self.stop.is_set():
+                http.post(f"{self.url}/v1/completions", json=body)

@@ -5,7 +5,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,36 +16,11 @@ from controller.store import Decision, Store
 from engine.config import EngineConfig
 from engine.service import EngineService
 from tests.controller.conftest import fast_policy
-from tests.controller.server import AUTH, TOKEN, serving
+from tests.controller.server import AUTH, ROOT, TOKEN, serving
+from tests.controller.traffic import HttpTraffic
 from tests.engine.helpers import make_engine
 
-ROOT = Path(__file__).resolve().parents[2]
 DECISION = re.compile(r"^decision (\d+) (\w+): ")
-
-
-class HttpTraffic:
-    """Four clients sending greedy completions back to back."""
-
-    def __init__(self, url: str, clients: int = 4):
-        self.url, self.stop = url, threading.Event()
-        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
-
-    def __enter__(self):
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_):
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=30)
-
-    def _client(self):
-        body = {"model": "governor-moe", "prompt": "def fibonacci(n):\n    ", "max_tokens": 48, "temperature": 0,
-                "ignore_eos": True}
-        with httpx.Client(timeout=60) as http:
-            while not self.stop.is_set():
-                http.post(f"{self.url}/v1/completions", json=body)
 
 
 def _control(url: str, policy: Path, db: str) -> subprocess.Popen:

@@ -10,8 +10,8 @@ import httpx
 import yaml
 
 from tests.controller.conftest import fast_policy
-from tests.controller.server import AUTH, TOKEN, free_port
-from tests.e2e.test_control_cli import ROOT, HttpTraffic
+from tests.controller.server import AUTH, ROOT, TOKEN, free_port
+from tests.controller.traffic import HttpTraffic
 
 ENV = {**os.environ, "GOVERNOR_ADMIN_TOKEN": TOKEN, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
