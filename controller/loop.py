@@ -116,6 +116,7 @@ class Controller:
     def _start_trial(self, proposal: Proposal, baseline: Window) -> None:
         config = self.store.record_config(proposal.config, "controller", proposal.reason)
         if not self._apply(config, f"trial: {proposal.reason}"):
+            self.strategy.finished(proposal, "failed", None, self.window_index)
             return
         trial_id = self.store.start_trial(self.strategy.name, config, self.current, proposal.predicted_gain,
                                           getattr(proposal.optuna_trial, "number", None))

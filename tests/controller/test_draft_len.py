@@ -43,8 +43,6 @@ def test_rule_policy_reaches_the_sweeps_best_k(build, prompts):
         for _ in range(12):
             time.sleep(WINDOW_SECONDS)
             controller.tick()
-    for d in controller.store.rows(Decision, 100)[::-1]:
-        print(d["action"], d["reason"], d["measured_gain"])
     best = max(sweep, key=sweep.get)
     chosen = controller.last_known_good.draft_len
     kept = controller.store.rows(Decision, action="keep")
