@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from controller.goodput import GoodputModel
+from controller.goodput import GoodputModel, batch_band
 from controller.windows import tokens_per_busy_second
 from engine.config import EngineConfig
 from engine.window import Window
@@ -71,9 +71,9 @@ class RulePolicy:
             return Proposal(current.model_copy(update={"spec_method": "off"}), "fallback_probe",
                             f"probe plain decoding: speculation stays only while it beats it by {spec.min_gain}x",
                             keep_gain=1 / spec.min_gain, inputs=self._inputs(baseline))
-        model, k = self.state.model, current.draft_len or 1
-        if model.ready:
-            k = model.best(self._reachable()).k
+        model, k, band = self.state.model, current.draft_len or 1, batch_band(baseline.batch_size_mean)
+        if model.ready(band):
+            k = model.best(self._reachable(band), band).k
         threshold = spec.min_gain + spec.hysteresis
         return Proposal(current.model_copy(update={"spec_method": self.state.spec_method, "draft_len": k}),
                         "speculation_probe", f"probe speculation at k={k}: re-enabled only if it beats plain "
@@ -82,27 +82,27 @@ class RulePolicy:
 
     # -- draft length from the goodput model ----------------------------------------------------------------------
 
-    def _reachable(self) -> range:
+    def _reachable(self, band: int) -> range:
         """k values a trial may try: measured costs extrapolate only k_step past the largest k measured."""
         spec = self.policy.speculation
-        measured = max(self.state.model.draft.per_k, default=0)
+        measured = max(self.state.model.measured_ks(band), default=0)
         return range(1, min(spec.k_max, measured + spec.k_step) + 1)
 
     def _draft_len(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
-        model = self.state.model
-        if current.speculative_len == 0 or not model.ready:
+        model, band = self.state.model, batch_band(baseline.batch_size_mean)
+        if current.speculative_len == 0 or not model.ready(band):
             return None
-        best = model.best(self._reachable())
-        gain = model.gain(best.k, current.draft_len)
+        best = model.best(self._reachable(band), band)
+        gain = model.gain(best.k, current.draft_len, band)
         if best.k == current.draft_len or gain < self.policy.trial.min_predicted_gain:
             return None
         return Proposal(current.model_copy(update={"draft_len": best.k}), "draft_len",
                         f"k {current.draft_len} -> {best.k}: expected goodput model predicts {gain:.3f}x",
                         keep_gain=self.policy.trial.keep_gain, predicted_gain=gain,
-                        inputs={**self._inputs(baseline),
-                                "predicted_tokens_per_step": {p.k: round(p.tokens_per_step, 4) for p in
-                                                              map(model.predict, range(1, self.policy.speculation
-                                                                                       .k_max + 1))}})
+                        inputs={**self._inputs(baseline), "predictions": {
+                            k: {"tokens_per_step": round(p.tokens_per_step, 4),
+                                "seconds_per_step": round(p.seconds_per_step, 6)}
+                            for k in self._reachable(band) for p in [model.predict(k, band)]}})
 
     # -- capacity factor and placement (act only when the engine reports the MoE capacity figures) ---------------
 
@@ -160,7 +160,7 @@ class RulePolicy:
 
     def _inputs(self, baseline: Window) -> dict:
         return {"baseline_tokens_per_busy_second": round(tokens_per_busy_second(baseline), 2),
-                "model": self.state.model.describe()}
+                "model": self.state.model.describe(batch_band(baseline.batch_size_mean))}
 
 
 def _slot_heat(heat: np.ndarray, phy2log: list[list[int]]) -> np.ndarray:

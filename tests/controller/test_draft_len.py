@@ -51,5 +51,5 @@ def test_rule_policy_reaches_the_sweeps_best_k(build, prompts):
     assert kept, "the controller never kept a change from k=1"
     assert sweep[chosen] >= (1 - band) * sweep[best], (chosen, band, sweep)
     trial = controller.store.rows(Decision, action="trial")[-1]
-    assert trial["predicted_gain"] is not None and "predicted_tokens_per_step" in trial["inputs"]
+    assert trial["predicted_gain"] is not None and "predictions" in trial["inputs"]
     assert all(d["measured_gain"] is not None for d in kept)
