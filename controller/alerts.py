@@ -82,7 +82,7 @@ class AlertIntake:
 
     def _one(self, alert: Alert, source: str) -> dict | None:
         controller, name, action = self.controller, alert.labels["alertname"], self.action_for(alert)
-        with controller._lock:
+        with controller.lock:
             fresh = controller.store.record_alert(
                 fingerprint=alert.fingerprint, starts_at=alert.startsAt, status=alert.status, name=name,
                 action=action, labels=alert.labels, annotations=alert.annotations, source=source)

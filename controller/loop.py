@@ -35,7 +35,7 @@ class Controller:
                  metrics: MetricsSink | None = None, on_decision=None):
         self.client, self.store, self.metrics = client, store, metrics or CountingSink()
         self.on_decision = on_decision or (lambda decision_id, action, reason: None)
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()               # held by every state change (loop, alerts, operators)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.window_index = 0
@@ -70,7 +70,7 @@ class Controller:
 
     def tick(self) -> None:
         """One check: take the engine's window so far; every `checks` ticks a whole window is judged."""
-        with self._lock:
+        with self.lock:
             part = self.client.snapshot()
             self._parts.append(part)
             if self._trial is not None and self._cut_short(part):
@@ -179,7 +179,7 @@ class Controller:
 
     def rollback(self, reason: str, inputs: dict | None = None) -> int:
         """Restore the last known good config; always records exactly one rollback decision."""
-        with self._lock:
+        with self.lock:
             if self._trial is not None:
                 trial, self._trial = self._trial, None
                 self.store.finish_trial(trial.id, "rolled_back", None)
@@ -197,7 +197,7 @@ class Controller:
 
     def pin(self, config: EngineConfig | None, owner: str, reason: str) -> int:
         """Hold config (the current one if None) until released; the loop proposes nothing meanwhile."""
-        with self._lock:
+        with self.lock:
             if self._trial is not None and config is None:
                 self.rollback(f"pin: the running trial is ended first ({reason})")
             if config is not None:
@@ -210,7 +210,7 @@ class Controller:
 
     def release(self, reason: str, owner: str | None = None) -> int | None:
         """Lift the pin (only the owner's, if owner is given); the pinned config becomes the last known good."""
-        with self._lock:
+        with self.lock:
             pin = self.store.pin()
             if pin is None or (owner is not None and pin.owner != owner):
                 return None
@@ -220,14 +220,14 @@ class Controller:
             return self._decide("release", reason, {"owner": pin.owner}, config_version=self.current.version)
 
     def disable_speculation(self, owner: str, reason: str) -> int:
-        with self._lock:
+        with self.lock:
             return self.pin(self.current.model_copy(update={"spec_method": "off"}), owner, reason)
 
     def notify(self, reason: str, inputs: dict) -> int:
         return self._decide("notify", reason, inputs, config_version=self.current.version)
 
     def switch_policy(self, policy: Policy, name: str) -> int:
-        with self._lock:
+        with self.lock:
             self._abandon_trial()
             self.policy, self.policy_name = policy, name
             self.strategy = self._strategy_for(policy)
@@ -251,7 +251,7 @@ class Controller:
     # -- plumbing ----------------------------------------------------------------------------------------------
 
     def state(self) -> dict:
-        with self._lock:
+        with self.lock:
             pin = self.store.pin()
             return {"policy": self.policy_name, "policy_kind": self.policy.kind,
                     "config": self.current.model_dump(), "last_known_good": self.last_known_good.model_dump(),
