@@ -8,7 +8,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
@@ -34,14 +34,25 @@ def _error_response(error: APIError) -> JSONResponse:
         "error": {"message": error.message, "type": error.kind, "param": error.param, "code": None}})
 
 
-def _field_of(loc: tuple) -> str:
+def field_of(loc: tuple) -> str:
     return ".".join(str(part) for part in loc if part not in ("body", "query", "path"))
+
+
+def bearer_guard(admin_token: str | None):
+    """A dependency that refuses (401) any request without the admin bearer token."""
+    def require_admin(request: Request) -> None:
+        supplied = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not admin_token or not secrets.compare_digest(supplied.encode(), admin_token.encode()):
+            raise APIError(401, "a valid bearer token (GOVERNOR_ADMIN_TOKEN) is required", kind="authentication_error")
+    return require_admin
 
 
 def create_app(service: EngineService, model_name: str, admin_token: str | None,
                default_max_tokens: int = 16, metrics: EngineMetrics | None = None,
-               tracer: Tracer | None = None) -> FastAPI:
-    """metrics: serve them at /metrics; tracer: one span per request (None: tracing off, nothing is made)."""
+               tracer: Tracer | None = None, admin_router: APIRouter | None = None) -> FastAPI:
+    """metrics: serve them at /metrics; tracer: one span per request (None: tracing off, nothing is made).
+    With admin_router (a controller's), that router owns /admin/* and /alerts; without it, the engine serves its
+    own side of the seam (GET /admin/window, GET/PUT /admin/config) for a remote controller."""
     app = FastAPI(title="Governor", version="0.1.0")
     engine, tokenizer = service.engine, service.engine.tokenizer
 
@@ -52,13 +63,8 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, error: RequestValidationError):
         first = error.errors()[0]
-        field = _field_of(tuple(first["loc"])) or "body"
+        field = field_of(tuple(first["loc"])) or "body"
         return _error_response(APIError(400, f"{field}: {first['msg']}", field))
-
-    def require_admin(request: Request) -> None:
-        supplied = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not admin_token or not secrets.compare_digest(supplied.encode(), admin_token.encode()):
-            raise APIError(401, "a valid bearer token (GOVERNOR_ADMIN_TOKEN) is required", kind="authentication_error")
 
     def check_model(name: str) -> None:
         if name != model_name:
@@ -89,26 +95,10 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
         async def prometheus_metrics():
             return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
-    @app.get("/admin/window")
-    async def window():
-        return engine.snapshot().to_dict()
-
-    @app.get("/admin/config")
-    async def get_config():
-        return engine.config.model_dump()
-
-    @app.put("/admin/config", dependencies=[Depends(require_admin)])
-    async def put_config(request: Request):
-        try:
-            config = EngineConfig.model_validate_json(await request.body())
-            engine.apply(config)
-        except ValidationError as error:
-            first = error.errors()[0]
-            field = _field_of(tuple(first["loc"])) or "body"
-            raise APIError(400, f"{field}: {first['msg']}", field) from error
-        except RequestError as error:
-            raise APIError(400, str(error), error.field) from error
-        return config.model_dump()
+    if admin_router is not None:
+        app.include_router(admin_router)
+    else:
+        _add_engine_admin(app, engine, admin_token)
 
     async def _serve(body, prompt_ids: list[int], chat: bool):
         params = body.sampling_params(default_max_tokens)
@@ -126,6 +116,29 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
         return await reply.whole(stream)
 
     return app
+
+
+def _add_engine_admin(app: FastAPI, engine, admin_token: str | None) -> None:
+    @app.get("/admin/window")
+    async def window():
+        return engine.snapshot().to_dict()
+
+    @app.get("/admin/config")
+    async def get_config():
+        return engine.config.model_dump()
+
+    @app.put("/admin/config", dependencies=[Depends(bearer_guard(admin_token))])
+    async def put_config(request: Request):
+        try:
+            config = EngineConfig.model_validate_json(await request.body())
+            engine.apply(config)
+        except ValidationError as error:
+            first = error.errors()[0]
+            field = field_of(tuple(first["loc"])) or "body"
+            raise APIError(400, f"{field}: {first['msg']}", field) from error
+        except RequestError as error:
+            raise APIError(400, str(error), error.field) from error
+        return config.model_dump()
 
 
 class _Reply:

@@ -1,4 +1,4 @@
-"""The `governor` command line: serve, load, bench, plan."""
+"""The `governor` command line: serve, load, bench, plan, control, policy."""
 from __future__ import annotations
 
 import argparse
@@ -27,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
                        help="spare expert slots for replicas, over all ranks (default 0)")
     serve.add_argument("--demo-traffic", action="store_true", default=None,
                        help="send the built-in demo load to this server, so the dashboard shows live data")
+    serve.add_argument("--policy", help="controller policy YAML file or shipped policy name (default: default)")
+    serve.add_argument("--db", help="SQLAlchemy URL of the controller's store (default sqlite:///governor.db)")
+    serve.add_argument("--no-controller", dest="controller", action="store_false", default=None,
+                       help="serve the engine alone, for a `governor control` elsewhere")
     serve.set_defaults(run=_serve)
 
     load = commands.add_parser("load", help="open-loop traffic generator")
@@ -57,6 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     add_plan_arguments(plan)
     plan.set_defaults(run=run_plan)
 
+    from controller.cli import add_control_arguments, add_policy_arguments, run_control
+
+    control = commands.add_parser("control", help="run the controller against remote engines")
+    add_control_arguments(control)
+    control.set_defaults(run=run_control)
+
+    policy = commands.add_parser("policy", help="controller policy files")
+    add_policy_arguments(policy)
+
     args = parser.parse_args(argv)
     return args.run(args)
 
@@ -86,6 +99,15 @@ def _serve(args: argparse.Namespace) -> int:
     except TracingConfigError as error:
         print(f"governor serve: {error}", file=sys.stderr)
         return 2
+    policy = None
+    if settings.controller:
+        from policies import PolicyError, load_policy
+
+        try:
+            policy = load_policy(settings.policy)
+        except PolicyError as error:
+            print(f"governor serve: --policy: {error}", file=sys.stderr)
+            return 2
     print(f"governor: loading {settings.model} ...", file=sys.stderr, flush=True)
     try:
         models = load_models(settings.model, settings.draft)
@@ -104,16 +126,36 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     metrics.watch_load(lambda: len(engine.scheduler.running), lambda: len(engine.scheduler.waiting))
     service = EngineService(engine)
-    app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens, metrics, tracer)
+    plane = None
+    if policy is not None:
+        from controller.cli import build_control_plane, print_decision
+        from controller.clients import InProcessClient
+        from controller.metrics import PrometheusCounters
+        from controller.store import StoreError
+
+        try:
+            plane = build_control_plane(InProcessClient(engine), policy, settings.db, settings.admin_token,
+                                        policy_name=settings.policy, on_decision=print_decision,
+                                        metrics=PrometheusCounters(metrics.registry, models.name))
+        except StoreError as error:
+            engine.close()
+            print(f"governor serve: --db: {error}", file=sys.stderr)
+            return 2
+    app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens, metrics, tracer,
+                     admin_router=plane.router if plane else None)
     stop_demo = threading.Event()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         service.start()
+        if plane:
+            plane.controller.start()
         if settings.demo_traffic:
             _start_demo_traffic(f"http://{settings.host}:{settings.port}", stop_demo)
         yield
         stop_demo.set()
+        if plane:
+            plane.controller.stop()
         service.stop()
         engine.close()
         if tracing is not None:

@@ -22,3 +22,6 @@ class Settings(BaseSettings):
     default_max_tokens: int = Field(64, ge=1)
     ep: int = Field(1, ge=1, le=64, description="expert-parallel ranks (processes) serving the MoE target")
     redundant_experts: int = Field(0, ge=0, le=256, description="spare expert slots for replicas, over all ranks")
+    controller: bool = Field(True, description="run the controller loop in-process (off: expose the raw seam)")
+    policy: str = Field("default", description="policy YAML file, or the name of a shipped policy")
+    db: str = Field("sqlite:///governor.db", description="SQLAlchemy URL of the controller's store")

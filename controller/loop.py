@@ -1,0 +1,316 @@
+"""The level-based reconcile loop: observe a Window, let the policy propose, apply the proposal as a trial, judge it
+against the baseline window with explicit thresholds, keep it (new last-known-good) or roll back. Alerts, operators
+and restarts enter through the same small set of actions; every one is recorded before it returns."""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from dataclasses import dataclass
+
+from controller.clients import EngineClient, EngineClientError
+from controller.metrics import CountingSink, MetricsSink
+from controller.rules import Proposal, RulePolicy
+from controller.store import Pin, Store
+from controller.windows import merge_windows, no_data_reason, slo_breaches, tokens_per_busy_second, window_summary
+from engine.config import EngineConfig
+from engine.window import Window
+from policies import Policy
+
+log = logging.getLogger("governor.controller")
+MAX_NO_DATA_WINDOWS = 3     # a trial that sees no traffic for this many windows is reverted as inconclusive
+
+
+@dataclass
+class _Trial:
+    id: int
+    proposal: Proposal
+    config: EngineConfig
+    baseline: Window
+    no_data_windows: int = 0
+
+
+class Controller:
+    def __init__(self, client: EngineClient, store: Store, policy: Policy, policy_name: str = "default",
+                 metrics: MetricsSink | None = None, on_decision=None):
+        self.client, self.store, self.metrics = client, store, metrics or CountingSink()
+        self.on_decision = on_decision or (lambda decision_id, action, reason: None)
+        self.lock = threading.RLock()               # held by every state change (loop, alerts, operators)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.window_index = 0
+        self.latest: Window | None = None
+        self._parts: list[Window] = []
+        self._trial: _Trial | None = None
+        self._no_data = False
+        self._cooldown_until = 0
+        self._slo_alert: str | None = None         # startsAt of the built-in SLO alert while it fires
+        self.alerts = None                         # set by AlertIntake, for the built-in SLO evaluator
+        self.policy, self.policy_name = policy, policy_name
+        self.strategy = self._strategy_for(policy)
+        self.current, self.last_known_good = self._resume()
+
+    # -- start, stop, one tick -------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="governor-controller", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.policy.window.seconds / self.policy.window.checks):
+            try:
+                self.tick()
+            except Exception:
+                log.exception("controller tick failed; the next tick starts afresh")
+
+    def tick(self) -> None:
+        """One check: take the engine's window so far; every `checks` ticks a whole window is judged."""
+        with self.lock:
+            part = self.client.snapshot()
+            self._parts.append(part)
+            if self._trial is not None and self._cut_short(part):
+                return
+            if len(self._parts) < self.policy.window.checks:
+                return
+            window, self._parts = merge_windows(self._parts), []
+            self.window_index += 1
+            self.latest = window
+            self._on_window(window)
+
+    def _on_window(self, window: Window) -> None:
+        reason = no_data_reason(window, self.policy)
+        if reason is not None:
+            self._on_no_data(reason, window)
+            return
+        self._no_data = False
+        self.strategy.observe(window)
+        if self._trial is not None:
+            if not self._judge(window):
+                return                  # reverted: the window measured a config no longer in use
+        self._evaluate_slo(window)
+        if self.store.pin() is not None or self.window_index < self._cooldown_until:
+            return
+        proposal = self.strategy.propose(self.current, window, self.window_index)
+        if proposal is not None:
+            self._start_trial(proposal, window)
+
+    def _on_no_data(self, reason: str, window: Window) -> None:
+        trial = self._trial
+        if trial is not None:
+            trial.no_data_windows += 1
+            if trial.no_data_windows >= MAX_NO_DATA_WINDOWS:
+                self._end_trial("inconclusive", None, f"trial reverted: {MAX_NO_DATA_WINDOWS} windows without "
+                                f"enough traffic to judge it ({reason})", window)
+            return
+        if not self._no_data:
+            self._decide("no_data", reason + "; nothing is judged until traffic returns", window_summary(window))
+            self._no_data = True
+
+    # -- trials ----------------------------------------------------------------------------------------------------
+
+    def _start_trial(self, proposal: Proposal, baseline: Window) -> None:
+        config = self.store.record_config(proposal.config, "controller", proposal.reason)
+        if not self._apply(config, f"trial: {proposal.reason}"):
+            self.strategy.finished(proposal, "failed", None, self.window_index)
+            return
+        trial_id = self.store.start_trial(self.strategy.name, config, self.current, proposal.predicted_gain,
+                                          getattr(proposal.optuna_trial, "number", None))
+        self._trial = _Trial(trial_id, proposal, config, baseline)
+        self.current = config
+        self._decide("trial", proposal.reason, {**proposal.inputs, "kind": proposal.kind,
+                                                "keep_gain": proposal.keep_gain, "baseline": window_summary(baseline)},
+                     predicted_gain=proposal.predicted_gain, config_version=config.version, trial_id=trial_id)
+
+    def _cut_short(self, part: Window) -> bool:
+        """A trial whose partial window already breaks the SLO is ended now and the baseline restored."""
+        enough = part.emitted_tokens * self.policy.window.checks >= self.policy.window.min_emitted_tokens
+        breaches = slo_breaches(part, self.policy) if enough else []
+        if not breaches:
+            return False
+        self._parts = []
+        self._end_trial("cut_short", None, "trial cut short, baseline restored: " + "; ".join(breaches), part)
+        return True
+
+    def _judge(self, window: Window) -> bool:
+        """End the trial; True if it was kept (so the window measured the config now in use)."""
+        trial = self._trial
+        baseline = tokens_per_busy_second(trial.baseline)
+        gain = tokens_per_busy_second(window) / baseline if baseline > 0 else None
+        breaches = slo_breaches(window, self.policy)
+        keep_gain = trial.proposal.keep_gain
+        if breaches:
+            self._end_trial("reverted", gain, "trial breaks the SLO: " + "; ".join(breaches), window)
+        elif gain is None or gain < keep_gain:
+            self._end_trial("reverted", gain, f"measured {_fmt(gain)}x < {keep_gain:.3f}x needed to keep", window)
+        else:
+            self._end_trial("kept", gain, f"measured {gain:.3f}x >= {keep_gain:.3f}x needed to keep", window)
+            return True
+        return False
+
+    def _end_trial(self, outcome: str, gain: float | None, reason: str, window: Window) -> None:
+        trial, self._trial = self._trial, None
+        kind = trial.proposal.kind
+        self.store.finish_trial(trial.id, outcome, gain)
+        self.metrics.trial(outcome)
+        self.strategy.finished(trial.proposal, outcome, window, self.window_index)
+        inputs = {"trial": window_summary(window), "baseline": window_summary(trial.baseline), "kind": kind}
+        if outcome == "kept":
+            self.last_known_good = trial.config
+            self.store.set_last_known_good(trial.config)
+            action = {"fallback_probe": "fallback", "speculation_probe": "reenable"}.get(kind, "keep")
+        else:
+            self._apply(self.last_known_good, f"revert trial {trial.id}")
+            self.current = self.last_known_good
+            self.metrics.rollback()
+            self._cooldown_until = self.window_index + self.policy.trial.cooldown_windows + 1
+            action = "cut_short" if outcome == "cut_short" else "revert"
+        speculation_gain = _speculation_gain(kind, gain)
+        if speculation_gain is not None:
+            inputs["speculation_gain_over_plain"] = speculation_gain
+        self._decide(action, reason, inputs, predicted_gain=trial.proposal.predicted_gain, measured_gain=gain,
+                     config_version=self.current.version, trial_id=trial.id)
+
+    # -- actions from alerts, operators and the built-in SLO evaluator --------------------------------------------
+
+    def rollback(self, reason: str, inputs: dict | None = None) -> int:
+        """Restore the last known good config; always records exactly one rollback decision."""
+        with self.lock:
+            if self._trial is not None:
+                trial, self._trial = self._trial, None
+                self.store.finish_trial(trial.id, "rolled_back", None)
+                self.metrics.trial("rolled_back")
+                self.strategy.finished(trial.proposal, "rolled_back", None, self.window_index)
+            from_version = self.current.version
+            self._apply(self.last_known_good, reason)
+            self.current = self.last_known_good
+            self._parts = []
+            decision = self._decide("rollback", reason, {**(inputs or {}), "from_version": from_version},
+                                    config_version=self.last_known_good.version)
+            self.store.record_rollback(reason, from_version, self.last_known_good.version, decision)
+            self.metrics.rollback()
+            return decision
+
+    def pin(self, config: EngineConfig | None, owner: str, reason: str) -> int:
+        """Hold config (the current one if None) until released; the loop proposes nothing meanwhile."""
+        with self.lock:
+            if self._trial is not None and config is None:
+                self.rollback(f"pin: the running trial is ended first ({reason})")
+            if config is not None:
+                config = self.store.record_config(config, owner.split(":")[0], reason)
+                self._abandon_trial()
+                self._apply(config, reason, raise_error=True)
+                self.current = config
+            self.store.set_pin(Pin(self.current.version, owner, reason))
+            return self._decide("pin", reason, {"owner": owner}, config_version=self.current.version)
+
+    def release(self, reason: str, owner: str | None = None) -> int | None:
+        """Lift the pin (only the owner's, if owner is given); the pinned config becomes the last known good."""
+        with self.lock:
+            pin = self.store.pin()
+            if pin is None or (owner is not None and pin.owner != owner):
+                return None
+            self.store.set_pin(None)
+            self.last_known_good = self.current
+            self.store.set_last_known_good(self.current)
+            return self._decide("release", reason, {"owner": pin.owner}, config_version=self.current.version)
+
+    def disable_speculation(self, owner: str, reason: str) -> int:
+        with self.lock:
+            return self.pin(self.current.model_copy(update={"spec_method": "off"}), owner, reason)
+
+    def notify(self, reason: str, inputs: dict) -> int:
+        return self._decide("notify", reason, inputs, config_version=self.current.version)
+
+    def switch_policy(self, policy: Policy, name: str) -> int:
+        with self.lock:
+            self._abandon_trial()
+            self.policy, self.policy_name = policy, name
+            self.strategy = self._strategy_for(policy)
+            return self._decide("policy_switch", f"policy switched to {name} ({policy.kind})", {"policy": name})
+
+    def _abandon_trial(self) -> None:
+        if self._trial is not None:
+            self.rollback(f"trial {self._trial.id} ended by an operator action")
+
+    def _evaluate_slo(self, window: Window) -> None:
+        if not self.policy.slo.builtin_evaluator or self.alerts is None:
+            return
+        breaches = slo_breaches(window, self.policy)
+        if breaches and self._slo_alert is None:
+            self._slo_alert = _iso(window.end)
+            self.alerts.builtin("firing", self._slo_alert, "; ".join(breaches))
+        elif not breaches and self._slo_alert is not None:
+            self.alerts.builtin("resolved", self._slo_alert, "latency back within the SLO")
+            self._slo_alert = None
+
+    # -- plumbing ----------------------------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        with self.lock:
+            pin = self.store.pin()
+            return {"policy": self.policy_name, "policy_kind": self.policy.kind,
+                    "config": self.current.model_dump(), "last_known_good": self.last_known_good.model_dump(),
+                    "pin": None if pin is None else pin.__dict__, "window_index": self.window_index,
+                    "trial": None if self._trial is None else {"id": self._trial.id, "kind": self._trial.proposal.kind,
+                                                               "reason": self._trial.proposal.reason}}
+
+    def _resume(self) -> tuple[EngineConfig, EngineConfig]:
+        for trial in self.store.running_trials():
+            self.store.finish_trial(trial, "interrupted", None)
+        pin, lkg = self.store.pin(), self.store.last_known_good()
+        if lkg is None:
+            lkg = self.store.record_config(self.client.config(), "engine", "the engine's config at first start")
+            self.store.set_last_known_good(lkg)
+            self._decide("start", "first start: the engine's config is the last known good", {},
+                         config_version=lkg.version)
+            return lkg, lkg
+        current = self.store.config(pin.config_version) if pin else lkg
+        self._apply(current, "restart")
+        self._decide("resume", f"restart: resumed {'the pinned' if pin else 'the last known good'} config "
+                     f"v{current.version}", {"pin": None if pin is None else pin.__dict__},
+                     config_version=current.version)
+        return current, lkg
+
+    def _apply(self, config: EngineConfig, reason: str, raise_error: bool = False) -> bool:
+        try:
+            self.client.apply(config)
+        except EngineClientError as error:
+            self._decide("apply_failed", f"{reason}: {error}", {"config": config.model_dump()},
+                         config_version=config.version)
+            if raise_error:
+                raise
+            return False
+        return True
+
+    def _decide(self, action: str, reason: str, inputs: dict, **fields) -> int:
+        decision = self.store.record_decision(action, reason, inputs, **fields)
+        self.metrics.decision(action)
+        log.info("decision %d %s: %s", decision, action, reason)
+        self.on_decision(decision, action, reason)
+        return decision
+
+    def _strategy_for(self, policy: Policy):
+        if policy.kind == "optuna":
+            from controller.search import OptunaSearch
+            return OptunaSearch(policy, self.store.url)
+        return RulePolicy(policy)
+
+
+def _speculation_gain(kind: str, gain: float | None) -> float | None:
+    """Measured speculative over plain tokens per busy second, from a probe of one mode against the other."""
+    if gain is None or kind not in ("fallback_probe", "speculation_probe"):
+        return None
+    return 1 / gain if kind == "fallback_probe" else gain
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _iso(unix_seconds: float) -> str:
+    return dt.datetime.fromtimestamp(unix_seconds, dt.timezone.utc).isoformat().replace("+00:00", "Z")

@@ -1,0 +1,13 @@
+"""Declarative controller policies (YAML) and their schema."""
+from policies.schema import (
+    AlertAction,
+    Policy,
+    PolicyError,
+    load_policy,
+    parse_policy,
+    resolve_policy_path,
+    shipped_policies,
+)
+
+__all__ = ["AlertAction", "Policy", "PolicyError", "load_policy", "parse_policy", "resolve_policy_path",
+           "shipped_policies"]

@@ -1,0 +1,196 @@
+"""The policy file's schema: thresholds, SLOs, search space and alert actions. Data only, never code."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from engine.config import MAX_DRAFT_LEN
+
+AlertAction = Literal["rollback", "disable_speculation", "pin", "notify"]
+SHIPPED = Path(__file__).parent
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WindowPolicy(_Section):
+    seconds: float = Field(5.0, gt=0, le=3600, description="one measurement window; a trial is held this long")
+    checks: int = Field(4, ge=1, le=60, description="SLO checks per window; a trial breaking the SLO is cut short")
+    min_emitted_tokens: int = Field(200, ge=1, description="less traffic than this is 'no data': never judged")
+    min_steps: int = Field(20, ge=1, description="fewer engine steps than this is 'no data'")
+
+
+class SLOPolicy(_Section):
+    inter_token_p99_seconds: float | None = Field(0.5, gt=0, description="p99 inter-token latency bound")
+    ttft_p99_seconds: float | None = Field(5.0, gt=0, description="p99 time-to-first-token bound")
+    builtin_evaluator: bool = Field(True, description="raise alerts from the Window's latency when no Prometheus runs")
+
+
+class SpeculationPolicy(_Section):
+    k_max: int = Field(8, ge=1, le=MAX_DRAFT_LEN, description="largest draft length the controller may choose")
+    k_step: int = Field(2, ge=1, le=MAX_DRAFT_LEN,
+                        description="how far past the draft lengths already measured one trial may go")
+    min_gain: float = Field(1.05, ge=1.0, le=100.0,
+                            description="keep speculation only while it beats plain decoding by this factor")
+    hysteresis: float = Field(0.05, ge=0.0, le=10.0,
+                              description="re-enable only at a gain of min_gain + hysteresis")
+    reprobe_windows: int = Field(10, ge=1, description="windows between probes of the other mode")
+
+
+class TrialPolicy(_Section):
+    min_predicted_gain: float = Field(1.05, ge=1.0, le=100.0,
+                                      description="propose a change only if the model predicts this much gain")
+    keep_gain: float = Field(1.0, gt=0.0, le=100.0,
+                             description="keep a trial if trial / baseline tokens per busy second >= this")
+    cooldown_windows: int = Field(0, ge=0, description="windows to wait after a rollback before the next trial")
+    retry_windows: int = Field(10, ge=1, description="windows before a reverted candidate may be tried again")
+
+
+class CapacityPolicy(_Section):
+    min_factor: float = Field(1.0, gt=0.0, le=16.0)
+    max_factor: float = Field(4.0, gt=0.0, le=16.0)
+    step: float = Field(0.25, gt=0.0, le=4.0)
+    max_drop_rate: float = Field(0.01, ge=0.0, le=1.0, description="dropped / routed tokens above this raises cf")
+    max_padding_waste: float = Field(0.5, ge=0.0, le=1.0, description="unused capacity share above this lowers cf")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> CapacityPolicy:
+        if self.min_factor > self.max_factor:
+            raise ValueError(f"min_factor ({self.min_factor}) must be <= max_factor ({self.max_factor})")
+        return self
+
+
+class PlacementPolicy(_Section):
+    rebalance_below: float = Field(0.8, gt=0.0, le=1.0, description="re-place experts when balancedness drops below")
+    cooldown_windows: int = Field(20, ge=0, description="windows between two re-placements")
+    migration_stall_seconds: float = Field(1.0, ge=0.0, description="serving pause one re-placement costs")
+    payback_windows: int = Field(10, ge=1, description="windows over which a re-placement must earn its stall back")
+
+
+class IntRange(_Section):
+    low: int = Field(ge=0)
+    high: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IntRange:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+        return self
+
+
+class FloatRange(_Section):
+    low: float = Field(ge=0.0)
+    high: float = Field(ge=0.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FloatRange:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+        return self
+
+
+class SearchSpace(_Section):
+    draft_len: IntRange = IntRange(low=0, high=8)
+    capacity_factor: FloatRange | None = None
+
+
+class OptunaPolicy(_Section):
+    study_name: str = Field("governor", min_length=1, max_length=128)
+    budget_trials: int = Field(30, ge=1, le=10_000, description="trials before the search stops and keeps the best")
+    sampler: Literal["tpe", "gp", "random"] = "tpe"
+    seed: int | None = Field(0, ge=0)
+    search_space: SearchSpace = SearchSpace()
+
+
+class AlertPolicy(_Section):
+    overrides: dict[str, AlertAction] = Field(default_factory=dict,
+                                              description="alert name -> action, overriding its governor_action label")
+    default_action: AlertAction = Field("notify", description="action for an alert without a governor_action label")
+
+
+class Policy(_Section):
+    kind: Literal["rules", "optuna"] = "rules"
+    window: WindowPolicy = WindowPolicy()
+    slo: SLOPolicy = SLOPolicy()
+    speculation: SpeculationPolicy = SpeculationPolicy()
+    trial: TrialPolicy = TrialPolicy()
+    capacity: CapacityPolicy = CapacityPolicy()
+    placement: PlacementPolicy = PlacementPolicy()
+    optuna: OptunaPolicy = OptunaPolicy()
+    alerts: AlertPolicy = AlertPolicy()
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be used; the message names the file, the field and what is allowed."""
+
+    def __init__(self, source: str, field: str, message: str):
+        super().__init__(f"{source}: {field}: {message}")
+        self.source, self.field = source, field
+
+
+def parse_policy(data: object, source: str = "<policy>") -> Policy:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(source, "(top level)", f"must be a mapping of sections, got {type(data).__name__}")
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        loc = tuple(first["loc"])
+        raise PolicyError(source, ".".join(map(str, loc)) or "(top level)",
+                          f"{first['msg']}{_allowed(loc, first['type'])}") from None
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read a YAML policy; a shipped policy may be named without its folder (e.g. 'default')."""
+    path = resolve_policy_path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise PolicyError(str(path), "(file)", error.strerror or str(error)) from None
+    except yaml.YAMLError as error:
+        raise PolicyError(str(path), "(file)", f"not valid YAML: {error}") from None
+    return parse_policy(data, str(path))
+
+
+def resolve_policy_path(path: str | Path) -> Path:
+    path = Path(path)
+    shipped = SHIPPED / f"{path}.yaml"
+    return shipped if not path.exists() and path.suffix == "" and shipped.exists() else path
+
+
+def shipped_policies() -> list[str]:
+    return sorted(p.stem for p in SHIPPED.glob("*.yaml"))
+
+
+def _allowed(loc: tuple, kind: str) -> str:
+    """' (allowed: ...)' for the field at loc: its range, its choices or the section's field names."""
+    model, field = Policy, None
+    for part in loc:
+        fields = getattr(model, "model_fields", {})
+        if part not in fields:
+            if kind == "extra_forbidden":
+                return f" (allowed fields: {', '.join(fields)})"
+            break
+        field = fields[part]
+        model = _model_of(field.annotation)
+    if field is None:
+        return ""
+    symbols = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    bounds = [f"{symbol} {getattr(m, name)}" for m in field.metadata for name, symbol in symbols.items()
+              if getattr(m, name, None) is not None]
+    return f" (allowed: {', '.join(bounds)})" if bounds and kind != "literal_error" else ""
+
+
+def _model_of(annotation: object) -> object:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None

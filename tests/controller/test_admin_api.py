@@ -1,0 +1,121 @@
+"""The controller's admin API on a real loopback server: open reads, token-guarded writes, pin/release/rollback,
+policy switch, and one route per path and method in the served app."""
+import time
+import httpx
+import pytest
+import yaml
+
+from controller.clients import InProcessClient
+from controller.cli import build_control_plane
+from controller.store import Decision
+from engine.config import EngineConfig
+from engine.service import EngineService
+from tests.controller.conftest import fast_policy
+from tests.controller.server import AUTH, TOKEN, serving
+from tests.engine.helpers import make_engine
+
+
+@pytest.fixture
+def plane(moe_models, tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(fast_policy()))
+    service = EngineService(make_engine(moe_models, EngineConfig(draft_len=3)))
+    return service, build_control_plane(InProcessClient(service.engine), str(path),
+                                        f"sqlite:///{tmp_path / 'g.db'}", TOKEN)
+
+
+@pytest.fixture
+def api(plane):
+    service, control = plane
+    with serving(service, control) as url:
+        yield url, control.controller, service.engine
+
+
+def test_reads_are_open(api):
+    url, controller, _ = api
+    assert httpx.get(f"{url}/admin/config").json()["draft_len"] == 3
+    assert httpx.get(f"{url}/admin/decisions").json()["decisions"][0]["action"] == "start"
+    history = httpx.get(f"{url}/admin/history").json()
+    assert history["last_known_good"] == history["versions"][0]["id"]
+    assert httpx.get(f"{url}/admin/policy").json()["policy"]["kind"] == "rules"
+    assert httpx.get(f"{url}/admin/window").status_code == 404     # no window closed yet: said, not invented
+
+
+@pytest.mark.parametrize("method, path", [("put", "/admin/config"), ("post", "/admin/release"),
+                                          ("post", "/admin/rollback"), ("put", "/admin/policy"), ("post", "/alerts")])
+def test_every_write_needs_the_token(api, method, path):
+    url, controller, _ = api
+    before = controller.store.count(Decision)
+    reply = httpx.request(method, f"{url}{path}", json={"draft_len": 2})
+    assert reply.status_code == 401
+    assert controller.store.count(Decision) == before
+
+
+def test_put_config_pins_until_released(api):
+    url, controller, engine = api
+    reply = httpx.put(f"{url}/admin/config", json={"spec_method": "draft_model", "draft_len": 6}, headers=AUTH)
+    assert reply.status_code == 200, reply.text
+    pinned = reply.json()["config"]
+    assert pinned["draft_len"] == 6 and pinned["version"] > 1
+    assert httpx.get(f"{url}/admin/controller").json()["pin"]["owner"] == "operator"
+    assert controller.store.pin().config_version == pinned["version"]
+    released = httpx.post(f"{url}/admin/release", headers=AUTH)
+    assert released.status_code == 200
+    assert controller.last_known_good.draft_len == 6     # the operator's config becomes the last known good
+    assert httpx.post(f"{url}/admin/release", headers=AUTH).status_code == 409
+
+
+def test_bad_config_is_400_naming_the_field_and_changes_nothing(api):
+    url, controller, _ = api
+    before = controller.current
+    reply = httpx.put(f"{url}/admin/config", json={"draft_len": 99}, headers=AUTH)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "draft_len"
+    assert controller.current == before and controller.store.pin() is None
+
+
+def test_rollback_restores_the_last_known_good(api):
+    url, controller, engine = api
+    good = controller.last_known_good
+    httpx.put(f"{url}/admin/config", json={"draft_len": 7}, headers=AUTH)
+    reply = httpx.post(f"{url}/admin/rollback", headers=AUTH)
+    assert reply.status_code == 200 and reply.json()["config"] == good.model_dump()
+    assert controller.store.count(Decision, action="rollback") == 1
+
+
+def test_policy_switch_by_name_and_by_document(api):
+    url, controller, _ = api
+    assert httpx.put(f"{url}/admin/policy", json={"name": "default"}, headers=AUTH).status_code == 200
+    assert controller.policy_name == "default"
+    bad = httpx.put(f"{url}/admin/policy", json={"policy": {"slo": {"ttft_p99_seconds": -1}}}, headers=AUTH)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "slo.ttft_p99_seconds"
+    assert httpx.put(f"{url}/admin/policy", json={"name": "nope"}, headers=AUTH).status_code == 400
+    assert controller.policy_name == "default"
+
+
+def test_a_pinned_config_is_respected_by_the_loop(plane, prompts):
+    service, control = plane
+    controller, engine = control.controller, service.engine
+    controller.pin(EngineConfig(draft_len=1), "operator", "hold k=1")
+    from tests.controller.traffic import ClosedLoopTraffic
+    with ClosedLoopTraffic(engine, prompts):
+        for _ in range(4):
+            time.sleep(controller.policy.window.seconds)
+            controller.tick()
+    assert controller.store.count(Decision, action="trial") == 0
+    assert engine.config.draft_len == 1
+
+
+def test_served_app_documents_the_controllers_routes(api):
+    url, controller, _ = api
+    paths = httpx.get(f"{url}/openapi.json").json()["paths"]
+    for path, method in [("/admin/window", "get"), ("/admin/config", "put"), ("/admin/rollback", "post"),
+                         ("/admin/release", "post"), ("/admin/policy", "put"), ("/alerts", "post"),
+                         ("/admin/decisions", "get"), ("/admin/history", "get"), ("/v1/completions", "post")]:
+        assert method in paths[path], (path, method)
+
+
+def test_without_a_controller_the_engine_serves_its_own_seam(moe_models):
+    service = EngineService(make_engine(moe_models, EngineConfig(draft_len=3)))
+    with serving(service, None) as url:
+        assert httpx.get(f"{url}/admin/window").status_code == 200      # a fresh snapshot, for a remote controller
+        assert "/admin/decisions" not in httpx.get(f"{url}/openapi.json").json()["paths"]

@@ -1,0 +1,55 @@
+"""The rule policy reaches the best draft length k that a sweep of the same windows measures, on the shipped model."""
+import time
+
+from controller.store import Decision
+from controller.windows import tokens_per_busy_second
+from engine.config import EngineConfig
+from tests.controller.conftest import fast_policy
+from tests.controller.traffic import ClosedLoopTraffic
+
+WINDOW_SECONDS = 1.5
+MIN_NOISE_BAND = 0.2  # a k within 20% (or the sweep's own measured spread, if larger) of the best k counts as best
+K_MAX = 8
+
+
+def _measure(engine, k: int) -> float:
+    engine.apply(EngineConfig(draft_len=k))
+    time.sleep(0.3)
+    engine.snapshot()                       # drop the steps that ran under the previous k
+    time.sleep(WINDOW_SECONDS)
+    return tokens_per_busy_second(engine.snapshot())
+
+
+def _sweep(engine) -> tuple[dict[int, float], float]:
+    """Tokens per busy second per k (the better of an upward and a downward pass: other work on the machine only
+    slows a window down), and the noise band: the largest disagreement between the two passes, at least 20%."""
+    ks = range(1, K_MAX + 1)
+    up = {k: _measure(engine, k) for k in ks}
+    down = {k: _measure(engine, k) for k in reversed(ks)}
+    best = {k: max(up[k], down[k]) for k in ks}
+    spread = max(abs(up[k] - down[k]) / best[k] for k in ks)
+    return best, max(MIN_NOISE_BAND, spread)
+
+
+def test_rule_policy_reaches_the_sweeps_best_k(build, prompts):
+    policy = fast_policy(window={"seconds": WINDOW_SECONDS}, speculation={"k_max": K_MAX},
+                         trial={"retry_windows": 3})
+    engine, controller = build(policy, k=1)
+    with ClosedLoopTraffic(engine, prompts, concurrency=4):
+        sweep, band = _sweep(engine)
+        engine.apply(controller.current)
+        time.sleep(0.3)
+        engine.snapshot()
+        for _ in range(12):
+            time.sleep(WINDOW_SECONDS)
+            controller.tick()
+    best = max(sweep, key=sweep.get)
+    chosen = controller.last_known_good.draft_len
+    kept = controller.store.rows(Decision, action="keep")
+    print(f"sweep tokens/busy s {({k: round(v) for k, v in sweep.items()})}, noise band {band:.2f}; best k={best}; "
+          f"controller k={chosen}")
+    assert kept, "the controller never kept a change from k=1"
+    assert sweep[chosen] >= (1 - band) * sweep[best], (chosen, band, sweep)
+    trial = controller.store.rows(Decision, action="trial")[-1]
+    assert trial["predicted_gain"] is not None and "predictions" in trial["inputs"]
+    assert all(d["measured_gain"] is not None for d in kept)

@@ -1,0 +1,53 @@
+"""Policy files: shipped ones pass `governor policy check`; bad ones name the file, the field and what is allowed."""
+import pytest
+
+from engine.cli import main
+from policies import PolicyError, load_policy, shipped_policies
+
+
+@pytest.mark.parametrize("name", ["default", "optuna"])
+def test_shipped_policies_pass_policy_check(name, capsys):
+    assert main(["policy", "check", f"policies/{name}.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert f"policies/{name}.yaml: ok, {load_policy(name).kind} policy" in out
+
+
+def test_shipped_policy_names_resolve():
+    assert set(shipped_policies()) >= {"default", "optuna"}
+    assert load_policy("optuna").kind == "optuna"
+
+
+@pytest.mark.parametrize("text, field, allowed", [
+    ("speculation:\n  min_gain: 0.5\n", "speculation.min_gain", "allowed: >= 1.0, <= 100.0"),
+    ("window:\n  seconds: 0\n", "window.seconds", "allowed: > 0, <= 3600"),
+    ("kind: bandit\n", "kind", "'rules' or 'optuna'"),
+    ("trial:\n  keep: 1\n", "trial.keep", "allowed fields: min_predicted_gain, keep_gain, cooldown_windows"),
+    ("alerts:\n  overrides:\n    HighLatency: reboot\n", "alerts.overrides.HighLatency",
+     "'rollback', 'disable_speculation', 'pin' or 'notify'"),
+    ("capacity:\n  min_factor: 3\n  max_factor: 2\n", "capacity", "must be <= max_factor"),
+])
+def test_policy_check_names_file_field_and_allowed_values(tmp_path, capsys, text, field, allowed):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert main(["policy", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: {field}: " in err
+    assert allowed in err
+
+
+def test_policy_file_cannot_run_code(tmp_path):
+    path = tmp_path / "evil.yaml"
+    marker = tmp_path / "ran"
+    path.write_text(f"kind: !!python/object/apply:os.system ['touch {marker}']\n")
+    with pytest.raises(PolicyError, match="not valid YAML"):
+        load_policy(path)
+    assert not marker.exists()
+
+
+def test_missing_and_non_mapping_files_are_clear_errors(tmp_path):
+    with pytest.raises(PolicyError, match="nothing.yaml: \\(file\\): No such file"):
+        load_policy(tmp_path / "nothing.yaml")
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- 1\n- 2\n")
+    with pytest.raises(PolicyError, match="must be a mapping of sections, got list"):
+        load_policy(listed)

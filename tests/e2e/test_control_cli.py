@@ -1,0 +1,89 @@
+"""`governor control` as a real subprocess against a real engine server: kill -9 loses no recorded decision, and a
+restart resumes the last known good config."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from controller.store import Decision, Store
+from engine.config import EngineConfig
+from engine.service import EngineService
+from tests.controller.conftest import fast_policy
+from tests.controller.server import AUTH, ROOT, TOKEN, serving
+from tests.controller.traffic import HttpTraffic
+from tests.engine.helpers import make_engine
+
+DECISION = re.compile(r"^decision (\d+) (\w+): ")
+
+
+def _control(url: str, policy: Path, db: str) -> subprocess.Popen:
+    env = {**os.environ, "GOVERNOR_ADMIN_TOKEN": TOKEN, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "engine.cli", "control", "--engine", url, "--policy", str(policy),
+                             "--db", db], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+
+
+def _read_decisions(process: subprocess.Popen, until, timeout: float = 90.0) -> list[tuple[int, str]]:
+    """(id, action) of each decision the process reported, until until(decisions) holds."""
+    decisions, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline and not until(decisions):
+        line = process.stdout.readline()
+        if not line:
+            break
+        match = DECISION.match(line)
+        if match:
+            decisions.append((int(match[1]), match[2]))
+    assert until(decisions), (decisions, process.poll(), process.stderr.read() if process.poll() is not None else "")
+    return decisions
+
+
+@pytest.fixture
+def engine_server(moe_models):
+    service = EngineService(make_engine(moe_models, EngineConfig(draft_len=1)))
+    with serving(service, None) as url, HttpTraffic(url):
+        yield url
+
+
+def test_kill_9_loses_no_decision_and_restart_resumes_the_last_known_good(engine_server, tmp_path):
+    url, db = engine_server, f"sqlite:///{tmp_path / 'governor.db'}"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(fast_policy(speculation={"reprobe_windows": 3})))
+    first = _control(url, policy, db)
+    reported = _read_decisions(first, lambda ds: sum(a in ("keep", "revert", "fallback") for _, a in ds) >= 2)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=10)
+
+    store = Store(db)
+    recorded = {row["id"]: row["action"] for row in store.rows(Decision, 10_000)}
+    assert all(recorded.get(i) == action for i, action in reported), (reported, recorded)
+    good = store.last_known_good()
+
+    httpx.put(f"{url}/admin/config", json={"spec_method": "draft_model", "draft_len": 8}, headers=AUTH)
+    second = _control(url, policy, db)
+    try:
+        resumed = _read_decisions(second, lambda ds: any(a == "resume" for _, a in ds))
+        assert resumed[0][1] == "resume"
+        deadline = time.monotonic() + 10     # the engine adopts a config at its next step
+        while (served := httpx.get(f"{url}/admin/config").json()) != good.model_dump() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert served == good.model_dump(), (served, good)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--db", "nosuch://x"], "governor control: --db: nosuch://x: "),
+    (["--policy", "no-such-policy.yaml"], "governor control: --policy: no-such-policy.yaml: (file): "),
+])
+def test_control_refuses_bad_flags_with_exit_2(flags, message, tmp_path, capsys):
+    from engine.cli import main
+    base = ["control", "--engine", "http://127.0.0.1:1", "--db", f"sqlite:///{tmp_path / 'g.db'}"]
+    assert main(base + flags) == 2
+    assert message in capsys.readouterr().err
