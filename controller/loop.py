@@ -265,6 +265,7 @@ class Controller:
         pin, lkg = self.store.pin(), self.store.last_known_good()
         if lkg is None:
             lkg = self.store.record_config(self.client.config(), "engine", "the engine's config at first start")
+            self._apply(lkg, "first start")  # the same knobs, under the store's version number
             self.store.set_last_known_good(lkg)
             self._decide("start", "first start: the engine's config is the last known good", {},
                          config_version=lkg.version)

@@ -1,6 +1,7 @@
 """A live scrape of `governor serve` (real uvicorn, shipped model) is valid Prometheus exposition."""
 import re
 import subprocess
+import time
 
 import httpx
 
@@ -26,7 +27,7 @@ def test_live_scrape_passes_promtool_check_metrics(governor):
     assert result.stdout.decode() + result.stderr.decode() == "", "promtool lint findings"
 
 
-def test_live_scrape_counts_a_request_and_carries_the_live_config(governor):
+def test_live_scrape_counts_a_request(governor):
     url, _ = governor
 
     def sample(text: str, name: str) -> float:
@@ -40,22 +41,25 @@ def test_live_scrape_counts_a_request_and_carries_the_live_config(governor):
     assert sample(after, "governor_requests_finished_total") - sample(before, "governor_requests_finished_total") == 1
     assert sample(after, "governor_e2e_request_latency_seconds_count") - sample(
         before, "governor_e2e_request_latency_seconds_count") == 1
-    config = httpx.get(f"{url}/admin/config", timeout=30).json()
-    info = re.search(r"^governor_config_info{(.*)} 1\.0$", after, re.M)
-    assert info, "governor_config_info missing"
-    labels = dict(re.findall(r'(\w+)="([^"]*)"', info.group(1)))
+
+
+def test_live_scrape_carries_the_config_the_engine_runs(governor):
+    """The controller may have just applied a config; the engine adopts it at its next step."""
+    url, _ = governor
+    deadline = time.monotonic() + 60
+    while True:
+        _complete(url, "import os\n", max_tokens=2)
+        config = httpx.get(f"{url}/admin/config", timeout=30).json()
+        labels = _config_labels(httpx.get(f"{url}/metrics", timeout=30).text)
+        if labels["version"] == str(config["version"]) or time.monotonic() > deadline:
+            break
     assert labels["model"] == "governor-moe"
     assert labels["version"] == str(config["version"])
     assert labels["spec_method"] == config["spec_method"]
     assert labels["draft_len"] == str(config["draft_len"])
 
 
-def test_scraping_leaves_the_controllers_window_alone(governor):
-    url, _ = governor
-    httpx.get(f"{url}/admin/window", timeout=30)  # closes whatever window was open
-    reply = _complete(url, "while True:\n", max_tokens=10)
-    for _ in range(3):
-        assert httpx.get(f"{url}/metrics", timeout=30).status_code == 200
-    window = httpx.get(f"{url}/admin/window", timeout=30).json()
-    assert window["emitted_tokens"] == reply["usage"]["completion_tokens"] == 10
-    assert window["finished_requests"] == 1
+def _config_labels(scrape: str) -> dict[str, str]:
+    info = re.search(r"^governor_config_info{(.*)} 1\.0$", scrape, re.M)
+    assert info, "governor_config_info missing"
+    return dict(re.findall(r'(\w+)="([^"]*)"', info.group(1)))

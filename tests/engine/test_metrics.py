@@ -1,7 +1,7 @@
 """EngineMetrics sees exactly the events the Window is built from, and keeps counting across snapshots."""
 import pytest
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, SamplingParams
 from engine.engine import Engine, EngineLimits
 from engine.metrics import EngineMetrics
 from tests.engine.helpers import code_prompts, generate
@@ -95,6 +95,17 @@ def test_config_info_follows_the_config_the_engine_adopts(moe_models):
     assert _value(metrics, "governor_config_info", **labels) == 0
     assert _value(metrics, "governor_config_info", **{**labels, "version": "7", "spec_method": "ngram",
                                                      "draft_len": "2"}) == 1
+
+
+def test_scraping_leaves_the_window_alone(moe_models):
+    metrics = EngineMetrics(MODEL)
+    engine = _engine(moe_models, metrics, EngineConfig(draft_len=3))
+    generate(engine, code_prompts(moe_models.tokenizer, 1, max_bytes=40),
+             SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+    for _ in range(3):
+        assert b"governor_generation_tokens_total" in metrics.exposition()
+    window = engine.snapshot()
+    assert window.emitted_tokens == 10 and window.finished_requests == 1
 
 
 def test_batch_size_and_queue_depth_are_read_when_scraped():

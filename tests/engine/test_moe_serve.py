@@ -12,7 +12,8 @@ from tests.engine.test_serve import _free_port, _wait_for
 def test_serve_with_two_ranks_measures_the_communication_share():
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--port", str(port), "--ep", "2"],
+    server = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--port", str(port), "--ep", "2",
+                               "--no-controller"],
                               env={**os.environ, "GOVERNOR_ADMIN_TOKEN": "t"}, stderr=subprocess.PIPE, text=True)
     try:
         assert _wait_for(lambda: httpx.get(f"{url}/health").status_code == 200, timeout=120)
@@ -20,7 +21,7 @@ def test_serve_with_two_ranks_measures_the_communication_share():
                                                           "max_tokens": 8, "temperature": 0, "ignore_eos": True},
                            timeout=60)
         assert reply.json()["usage"]["completion_tokens"] == 8
-        window = httpx.get(f"{url}/admin/window").json()
+        window = httpx.get(f"{url}/admin/window").json()  # the engine's own seam: no controller took the window
         assert window["all_to_all_seconds"] > 0 and 0 < window["comm_share"] < 1
         assert [len(row) for row in window["rank_tokens"]] == [2] * 4
         children = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True,
