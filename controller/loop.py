@@ -221,7 +221,7 @@ class Controller:
 
     def disable_speculation(self, owner: str, reason: str) -> int:
         with self.lock:
-            return self.pin(self.current.model_copy(update={"spec_method": "off"}), owner, reason)
+            return self.pin(self.current.changed(spec_method="off"), owner, reason)
 
     def notify(self, reason: str, inputs: dict) -> int:
         return self._decide("notify", reason, inputs, config_version=self.current.version)

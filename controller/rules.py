@@ -70,14 +70,14 @@ class RulePolicy:
             return None
         self.state.last_mode_probe = index
         if current.speculative_len > 0:
-            return Proposal(current.model_copy(update={"spec_method": "off"}), "fallback_probe",
+            return Proposal(current.changed(spec_method="off"), "fallback_probe",
                             f"probe plain decoding: speculation stays only while it beats it by {spec.min_gain}x",
                             keep_gain=1 / spec.min_gain, inputs=self._inputs(baseline))
         model, k, band = self.state.model, current.draft_len or 1, batch_band(baseline.batch_size_mean)
         if model.ready(band):
             k = model.best(self._reachable(band), band).k
         threshold = spec.min_gain + spec.hysteresis
-        return Proposal(current.model_copy(update={"spec_method": self.state.spec_method, "draft_len": k}),
+        return Proposal(current.changed(spec_method=self.state.spec_method, draft_len=k),
                         "speculation_probe", f"probe speculation at k={k}: re-enabled only if it beats plain "
                         f"decoding by {threshold:.3f}x (min_gain + hysteresis)", keep_gain=threshold,
                         inputs=self._inputs(baseline))
@@ -98,7 +98,7 @@ class RulePolicy:
         gain = model.gain(best.k, current.draft_len, band)
         if best.k == current.draft_len or gain < self.policy.trial.min_predicted_gain:
             return None
-        return Proposal(current.model_copy(update={"draft_len": best.k}), "draft_len",
+        return Proposal(current.changed(draft_len=best.k), "draft_len",
                         f"k {current.draft_len} -> {best.k}: expected goodput model predicts {gain:.3f}x",
                         keep_gain=self.policy.trial.keep_gain, predicted_gain=gain,
                         inputs={**self._inputs(baseline), "predictions": {
@@ -125,7 +125,7 @@ class RulePolicy:
             reason = f"capacity factor {factor} -> {new}: padding waste {waste:.3f} > {capacity.max_padding_waste}"
         else:
             return None
-        return Proposal(current.model_copy(update={"capacity_factor": new}), "capacity_factor", reason,
+        return Proposal(current.changed(capacity_factor=new), "capacity_factor", reason,
                         keep_gain=self.policy.trial.keep_gain, inputs=inputs)
 
     def _placement(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
@@ -146,7 +146,7 @@ class RulePolicy:
         if saved <= placement.migration_stall_seconds:
             return None
         self.state.last_placement = index
-        return Proposal(current.model_copy(update={"placement": phy2log}), "placement",
+        return Proposal(current.changed(placement=phy2log), "placement",
                         f"re-place experts: balancedness {balance:.3f} -> predicted {predicted:.3f}; saves "
                         f"{saved:.2f} s over {placement.payback_windows} windows > {placement.migration_stall_seconds}"
                         f" s stall", keep_gain=self.policy.trial.keep_gain, predicted_gain=predicted / balance,

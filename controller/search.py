@@ -54,7 +54,7 @@ class OptunaSearch:
         if space.capacity_factor is not None and "capacity_factor" in EngineConfig.model_fields:
             update["capacity_factor"] = trial.suggest_float("capacity_factor", space.capacity_factor.low,
                                                             space.capacity_factor.high)
-        return Proposal(current.model_copy(update=update), "optuna",
+        return Proposal(current.changed(**update), "optuna",
                         f"optuna trial {trial.number}: {', '.join(f'{k}={v}' for k, v in trial.params.items())}",
                         keep_gain=self.policy.trial.keep_gain, inputs={"optuna_trial": trial.number,
                                                                        "params": trial.params},

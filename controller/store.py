@@ -141,7 +141,7 @@ class Store:
             session.add(row)
             session.flush()
             row.config = {**values, "version": row.id}
-            return config.model_copy(update={"version": row.id})
+            return config.changed(version=row.id)
 
     def config(self, version: int) -> EngineConfig:
         with Session(self.engine) as session:

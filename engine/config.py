@@ -32,6 +32,10 @@ class EngineConfig(BaseModel):
             raise ValueError(f"ngram_min ({self.ngram_min}) must be <= ngram_max ({self.ngram_max})")
         return self
 
+    def changed(self, **changes) -> EngineConfig:
+        """A validated copy with some fields changed (model_copy would skip validation)."""
+        return type(self).model_validate({**self.model_dump(), **changes})
+
     @property
     def speculative_len(self) -> int:
         """The k actually used: 0 when speculation is off."""

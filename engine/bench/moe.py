@@ -77,11 +77,11 @@ def run_moe_bench(args: argparse.Namespace) -> int:
         _serve(parallel, prompts[:1], params)
         sweep = []
         for version, cf in enumerate(args.capacity_factors, start=1):
-            sweep.append(_point(parallel, PLAIN.model_copy(update={"capacity_factor": cf, "version": version}),
+            sweep.append(_point(parallel, PLAIN.changed(capacity_factor=cf, version=version),
                                 prompts, params))
             report.progress(_line(f"EP={args.ep}", sweep[-1]))
         dropless = next((p for p in sweep if p["capacity_factor"] == 0), None) or \
-            _point(parallel, PLAIN.model_copy(update={"version": 100}), prompts, params)
+            _point(parallel, PLAIN.changed(version=100), prompts, params)
         stall = _replacement_stall(parallel, prompts, params)
         report.progress(f"re-placement (every expert to another rank): {stall['mean_seconds'] * 1e3:.1f} ms stall")
         placed = _placed(parallel, dropless, prompts, params)
@@ -153,7 +153,7 @@ def _replacement_stall(engine: Engine, prompts: list[list[int]], params: Samplin
             engine.add_request(f"moving-{run}-{i}", prompt, params)
         engine.step()
         engine.snapshot()
-        engine.apply(engine.config.model_copy(update={"placement": shifted, "version": engine.config.version + 1}))
+        engine.apply(engine.config.changed(placement=shifted, version=engine.config.version + 1))
         while engine.has_work:
             engine.step()
         stalls.append(engine.snapshot().replacement_seconds)
@@ -166,8 +166,8 @@ def _replacement_stall(engine: Engine, prompts: list[list[int]], params: Samplin
 def _placed(engine: Engine, dropless: dict, prompts, params) -> dict:
     heat = np.asarray(dropless["expert_tokens"], dtype=float)
     placement = plan_placement(heat, engine.experts.topology)
-    after = _point(engine, engine.config.model_copy(update={"placement": placement, "capacity_factor": 0.0,
-                                                            "version": engine.config.version + 1}), prompts, params)
+    after = _point(engine, engine.config.changed(placement=placement, capacity_factor=0.0,
+                                                 version=engine.config.version + 1), prompts, params)
     report.progress(f"placement from measured heat: balancedness {dropless['balancedness']:.3f} -> "
                     f"{after['balancedness']:.3f}")
     return {"phy2log": placement, "before": dropless, "after": after}

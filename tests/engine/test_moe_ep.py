@@ -86,7 +86,7 @@ def test_live_replacement_moves_weights_between_ranks_and_keeps_outputs(moe_mode
     steps = 0
     while ep_engine.has_work:
         if steps == 2:
-            ep_engine.apply(SPECULATIVE.model_copy(update={"placement": placement, "version": 1}))
+            ep_engine.apply(SPECULATIVE.changed(placement=placement, version=1))
         for emission in ep_engine.step():
             outputs.setdefault(emission.request_id, []).extend(emission.token_ids)
         steps += 1
