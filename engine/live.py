@@ -17,7 +17,7 @@ from engine.placement import balancedness
 
 HISTORY_SECONDS = 300           # buckets kept
 MAX_SAMPLES_PER_SECOND = 2_000  # latency samples kept per bucket and distribution
-LATENCY_SPAN_SECONDS = 5        # latency percentiles at t cover the seconds (t - span, t]
+SPAN_SECONDS = 5                # latency percentiles and acceptance at t cover the seconds (t - span, t]
 HEAT_SECONDS = 10               # the expert heatmap sums this many trailing seconds
 
 
@@ -97,29 +97,31 @@ class LiveTelemetry:
 
     def series(self, seconds: int = 120) -> dict:
         """Per completed second of the last `seconds`, from the first event on (seconds without events count as
-        idle): goodput, latency percentiles (trailing LATENCY_SPAN_SECONDS), acceptance overall and per draft
-        position, load, balancedness, communication share; plus the expert heat of the trailing HEAT_SECONDS."""
+        idle): goodput, load, balancedness, communication share; latency percentiles and acceptance (overall and per
+        draft position) over the trailing SPAN_SECONDS; the expert heat of the trailing HEAT_SECONDS."""
         end = int(self._clock())                      # the current second is still filling: left out
         with self._lock:
             first = self._seconds[0].t if self._seconds else end
-            by_t = {s.t: s for s in self._seconds if end - seconds - LATENCY_SPAN_SECONDS < s.t < end}
+            by_t = {s.t: s for s in self._seconds if end - seconds - SPAN_SECONDS < s.t < end}
         times = list(range(max(end - seconds, first), end))
         rows = [by_t.get(t) or _Second(t) for t in times]
-        positions = max((len(r.drafted) for r in rows), default=0)
+        spans = [[by_t[u] for u in range(t - SPAN_SECONDS + 1, t + 1) if u in by_t] for t in times]
+        drafted = [_sum_all([s.drafted for s in span]) for span in spans]
+        accepted = [_sum_all([s.accepted for s in span]) for span in spans]
+        positions = max((len(d) for d in drafted), default=0)
         out = {"t": times, "goodput": [r.emitted for r in rows],
                "batch_size": [_ratio(r.batch_size_sum, r.steps) for r in rows],
                "queue_depth": [_ratio(r.queue_depth_sum, r.steps) for r in rows],
-               "acceptance": [_ratio(r.accepted.sum(), r.drafted.sum()) for r in rows],
-               "acceptance_per_position": [[_ratio(_at(r.accepted, p), _at(r.drafted, p)) for r in rows]
-                                           for p in range(positions)],
                "balancedness": [None if r.rank_tokens is None else balancedness(r.rank_tokens) for r in rows],
                "comm_share": [_ratio(r.all_to_all_seconds, r.step_seconds) for r in rows],
-               "latency_span_seconds": LATENCY_SPAN_SECONDS, "heat_seconds": HEAT_SECONDS}
+               "acceptance": [_ratio(a.sum(), d.sum()) for a, d in zip(accepted, drafted)],
+               "acceptance_per_position": [[_ratio(_at(a, p), _at(d, p)) for a, d in zip(accepted, drafted)]
+                                           for p in range(positions)],
+               "span_seconds": SPAN_SECONDS, "heat_seconds": HEAT_SECONDS}
         for name in ("ttft", "inter_token", "e2e"):
             p50, p99 = [], []
-            for t in times:
-                samples = [v for u in range(t - LATENCY_SPAN_SECONDS + 1, t + 1) if u in by_t
-                           for v in getattr(by_t[u], name)]
+            for span in spans:
+                samples = [v for second in span for v in getattr(second, name)]
                 low, high = np.percentile(samples, [50, 99]).tolist() if samples else (None, None)
                 p50.append(low)
                 p99.append(high)
@@ -141,6 +143,14 @@ def _sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a + b
 
 
+def _sum_all(arrays: list[np.ndarray]) -> np.ndarray:
+    """Element-wise sum of arrays of one rank, padded to the longest; an empty 1-D array if there are none."""
+    total = arrays[0] if arrays else np.zeros(0)
+    for array in arrays[1:]:
+        total = _sum(total, array)
+    return total
+
+
 def _at(values: np.ndarray, index: int) -> float:
     return float(values[index]) if index < len(values) else 0.0
 
@@ -154,8 +164,6 @@ def _heat(grids: list[np.ndarray | None]) -> list[list[float]] | None:
     grids = [g for g in grids if g is not None]
     if not grids:
         return None
-    total = grids[0]
-    for grid in grids[1:]:
-        total = _sum(total, grid)
+    total = _sum_all(grids)
     per_layer = total.sum(axis=1, keepdims=True)
     return np.divide(total, per_layer, out=np.zeros_like(total), where=per_layer > 0).tolist()

@@ -7,7 +7,7 @@ let current = null;   // the latest event's payload
 
 function layout(extra = {}) {
   return {
-    margin: { l: 44, r: 8, t: 6, b: 28 }, height: 200, paper_bgcolor: "#fff", plot_bgcolor: "#fff",
+    margin: { l: 44, r: 8, t: 6, b: 28 }, height: 185, paper_bgcolor: "#fff", plot_bgcolor: "#fff",
     font: { size: 11, color: "#1b1f24" }, showlegend: true,
     legend: { orientation: "h", y: -0.22, font: { size: 10 } },
     xaxis: { type: "date", tickformat: "%H:%M:%S", gridcolor: "#e4e7eb" }, yaxis: { gridcolor: "#e4e7eb", rangemode: "tozero" }, ...extra,
@@ -27,11 +27,16 @@ function drawCharts(live) {
   const latency = [["ttft", "TTFT", 0], ["inter_token", "inter-token", 1], ["e2e", "end-to-end", 2]].flatMap(
     ([key, name, c]) => [line(x, ms(live[`${key}_p50`]), `${name} p50`, COLORS[c]),
       line(x, ms(live[`${key}_p99`]), `${name} p99`, COLORS[c], "dot")]);
-  Plotly.react("chart-latency", latency, layout({ yaxis: { type: "log", gridcolor: "#e4e7eb" } }), PLOT_CONFIG);
-  const acceptance = [line(x, live.acceptance, "overall", "#1b1f24")].concat(
-    live.acceptance_per_position.map((y, p) => line(x, y, `pos ${p + 1}`, COLORS[p % COLORS.length], "dot")));
-  Plotly.react("chart-acceptance", acceptance, layout({ yaxis: { range: [0, 1.05], gridcolor: "#e4e7eb" } }),
-    PLOT_CONFIG);
+  Plotly.react("chart-latency", latency, layout({ yaxis: { type: "log", dtick: 1, gridcolor: "#e4e7eb" } }), PLOT_CONFIG);
+  const positions = live.acceptance_per_position;
+  const acceptance = [line(x, live.acceptance, "all", "#1b1f24")].concat(positions.map((y, p) => ({
+    ...line(x, y, `k=${p + 1}`, `hsl(212, 80%, ${22 + (50 * p) / Math.max(positions.length - 1, 1)}%)`, "dot"),
+    showlegend: p === 0 || p === positions.length - 1,    // darker = earlier position; the ends are named
+  })));
+  Plotly.react("chart-acceptance", acceptance, layout({
+    yaxis: { range: [0, 1.05], gridcolor: "#e4e7eb" }, margin: { l: 44, r: 4, t: 6, b: 28 },
+    legend: { orientation: "v", x: 1.01, y: 1, font: { size: 10 } },
+  }), PLOT_CONFIG);
   Plotly.react("chart-load", [line(x, live.batch_size, "batch size", COLORS[0]),
     line(x, live.queue_depth, "queue depth", COLORS[1])], layout(), PLOT_CONFIG);
   const heat = live.expert_heat || [];
