@@ -165,7 +165,8 @@ def _serve(args: argparse.Namespace) -> int:
             tracing.shutdown()
 
     app.router.lifespan_context = lifespan
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    # an open dashboard holds an endless event stream: cut it after a short grace instead of waiting for the tab
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=3)
     return 0
 
 

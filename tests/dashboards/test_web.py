@@ -151,6 +151,27 @@ def test_policy_switch_and_search_start_stop_from_the_page(page, served):
     assert [p.rsplit("status of ", 1)[1] for p in refusals] == ["401 (Unauthorized)", "409 (Conflict)"]
 
 
+CONTRAST = """() => {
+  const rgb = (c) => c.match(/[\\d.]+/g).map(Number);
+  const lum = ([r, g, b]) => [r, g, b].map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; })
+    .reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const background = (e) => { for (; e; e = e.parentElement) { const c = getComputedStyle(e).backgroundColor;
+    if (rgb(c).length === 3 || rgb(c)[3] > 0) return rgb(c).slice(0, 3); } return [255, 255, 255]; };
+  const low = [];
+  for (const e of document.querySelectorAll("h1, h2, figcaption, label, button, input, select, dt, dd, td, th, p, span")) {
+    if (!e.textContent.trim() && !e.value) continue;
+    const [a, b] = [lum(rgb(getComputedStyle(e).color).slice(0, 3)), lum(background(e))];
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    if (ratio < 4.5) low.push(`${e.tagName}#${e.id} "${e.textContent.trim().slice(0, 30)}" ${ratio.toFixed(2)}`);
+  }
+  return low;
+}"""
+
+
+def test_text_meets_wcag_aa_contrast(page):
+    assert page.evaluate(CONTRAST) == []
+
+
 def test_every_control_is_labelled_and_keyboard_reachable(page):
     unlabelled = page.evaluate("[...document.querySelectorAll('input, select')]"
                                ".filter(e => !document.querySelector(`label[for='${e.id}']`)).map(e => e.id)")
@@ -162,3 +183,6 @@ def test_every_control_is_labelled_and_keyboard_reachable(page):
         page.keyboard.press("Tab")
     assert {"token", "pin-method", "pin-k", "pin-capacity", "pin", "release", "rollback", "policy-select",
             "switch-policy", "search-start", "search-stop"} <= reached
+    page.locator("#rollback").focus()
+    outline = page.evaluate("(s => [s.outlineStyle, s.outlineWidth])(getComputedStyle(document.activeElement))")
+    assert outline[0] != "none" and outline[1] != "0px"                  # visible focus
