@@ -102,12 +102,20 @@ function drawState(state) {
   }
 }
 
+function fillPinForm(config) {
+  $("pin-method").value = config.spec_method;
+  $("pin-k").value = config.draft_len;
+  $("pin-capacity").value = config.capacity_factor;
+}
+
 function connect() {
   const source = new EventSource("/dashboard/stream");
   source.onopen = () => { $("connection").textContent = "live"; };
   source.onerror = () => { $("connection").textContent = "reconnecting…"; };
   source.onmessage = (event) => {
+    const first = current === null;
     current = JSON.parse(event.data);
+    if (first) fillPinForm(current.config);     // the form starts from the config in use
     drawCharts(current.live);
     drawState(current);
   };

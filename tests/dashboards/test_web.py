@@ -52,12 +52,17 @@ def browser_context(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(served, browser_context):
-    """The page, opened once; `problems` collects console errors and uncaught exceptions."""
+def problems() -> list[str]:
+    """Console errors and uncaught exceptions of the page, in order."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def page(served, browser_context, problems):
+    """The page, opened once for the module."""
     page = browser_context.new_page()
-    page.problems = []
-    page.on("console", lambda message: page.problems.append(message.text) if message.type == "error" else None)
-    page.on("pageerror", lambda error: page.problems.append(str(error)))
+    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: problems.append(str(error)))
     page.goto(served)
     yield page
     page.close()
@@ -75,7 +80,7 @@ def _wait_for_points(page: Page, chart: str, count: int, trace: int = 0) -> None
                            arg=[chart, trace, count], timeout=90_000)
 
 
-def test_charts_fill_with_live_data_and_no_console_errors(page):
+def test_charts_fill_with_live_data_and_no_console_errors(page, problems):
     for chart in ("chart-goodput", "chart-latency", "chart-acceptance", "chart-load"):
         _wait_for_points(page, chart, 5)
     goodput = [v for v in _points(page, "chart-goodput") if v]
@@ -95,7 +100,7 @@ def test_charts_fill_with_live_data_and_no_console_errors(page):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "dashboard-live.png"))
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")   # no horizontal scroll
-    assert page.problems == []
+    assert problems == []
 
 
 def test_an_action_without_the_token_is_refused_and_changes_nothing(page, served):
@@ -129,7 +134,7 @@ def test_pin_with_the_token_takes_effect_and_appears_in_the_decision_log(page, s
     assert httpx.get(f"{served}/admin/controller").json()["pin"] is None
 
 
-def test_policy_switch_and_search_start_stop_from_the_page(page, served):
+def test_policy_switch_and_search_start_stop_from_the_page(page, served, problems):
     page.fill("#token", TOKEN)
     page.click("#search-start")
     expect(page.locator("#action-result")).to_contain_text("Start search: done")
@@ -146,8 +151,8 @@ def test_policy_switch_and_search_start_stop_from_the_page(page, served):
     actions = [d["action"] for d in httpx.get(f"{served}/admin/decisions").json()["decisions"][:3]]
     assert actions == ["policy_switch"] * 3
     page.screenshot(path=str(SCREENSHOTS / "dashboard-after-actions.png"))
-    refusals = [p for p in page.problems if p.startswith("Failed to load resource")]   # Chromium logs refused fetches
-    assert [p for p in page.problems if p not in refusals] == []
+    refusals = [p for p in problems if p.startswith("Failed to load resource")]   # Chromium logs refused fetches
+    assert [p for p in problems if p not in refusals] == []
     assert [p.rsplit("status of ", 1)[1] for p in refusals] == ["401 (Unauthorized)", "409 (Conflict)"]
 
 
