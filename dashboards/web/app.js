@@ -10,7 +10,8 @@ function layout(extra = {}) {
     margin: { l: 44, r: 8, t: 6, b: 28 }, height: 185, paper_bgcolor: "#fff", plot_bgcolor: "#fff",
     font: { size: 11, color: "#1b1f24" }, showlegend: true,
     legend: { orientation: "h", y: -0.22, font: { size: 10 } },
-    xaxis: { type: "date", tickformat: "%H:%M:%S", gridcolor: "#e4e7eb" }, yaxis: { gridcolor: "#e4e7eb", rangemode: "tozero" }, ...extra,
+    xaxis: { type: "date", tickformat: "%H:%M:%S", gridcolor: "#e4e7eb" },
+    yaxis: { gridcolor: "#e4e7eb", rangemode: "tozero" }, ...extra,
   };
 }
 
@@ -27,7 +28,8 @@ function drawCharts(live) {
   const latency = [["ttft", "TTFT", 0], ["inter_token", "inter-token", 1], ["e2e", "end-to-end", 2]].flatMap(
     ([key, name, c]) => [line(x, ms(live[`${key}_p50`]), `${name} p50`, COLORS[c]),
       line(x, ms(live[`${key}_p99`]), `${name} p99`, COLORS[c], "dot")]);
-  Plotly.react("chart-latency", latency, layout({ yaxis: { type: "log", dtick: 1, gridcolor: "#e4e7eb" } }), PLOT_CONFIG);
+  const logAxis = { type: "log", dtick: 1, gridcolor: "#e4e7eb" };
+  Plotly.react("chart-latency", latency, layout({ yaxis: logAxis }), PLOT_CONFIG);
   const positions = live.acceptance_per_position;
   const acceptance = [line(x, live.acceptance, "all", "#1b1f24")].concat(positions.map((y, p) => ({
     ...line(x, y, `k=${p + 1}`, `hsl(212, 80%, ${22 + (50 * p) / Math.max(positions.length - 1, 1)}%)`, "dot"),
@@ -41,7 +43,8 @@ function drawCharts(live) {
     line(x, live.queue_depth, "queue depth", COLORS[1])], layout(), PLOT_CONFIG);
   const heat = live.expert_heat || [];
   Plotly.react("chart-heat", [{
-    z: heat, type: "heatmap", colorscale: "YlOrRd", reversescale: true, zmin: 0, hovertemplate: "layer %{y}, expert %{x}: %{z:.2f}<extra></extra>",
+    z: heat, type: "heatmap", colorscale: "YlOrRd", reversescale: true, zmin: 0,
+    hovertemplate: "layer %{y}, expert %{x}: %{z:.2f}<extra></extra>",
     colorbar: { thickness: 10, len: 0.9 },
   }], layout({
     showlegend: false, xaxis: { title: { text: "expert", standoff: 2 }, dtick: 1 },
@@ -68,10 +71,13 @@ function fillTable(id, rows, columns) {
   }
 }
 
-const time = (iso) => (iso ? new Date(iso.endsWith("Z") || iso.includes("+") ? iso : `${iso}Z`).toLocaleTimeString() : "");
+// the store's timestamps are UTC; SQLite drops the zone
+const utc = (iso) => (iso.endsWith("Z") || iso.includes("+") ? iso : `${iso}Z`);
+const time = (iso) => (iso ? new Date(utc(iso)).toLocaleTimeString() : "");
 const gain = (g) => (g === null || g === undefined ? "–" : `${g.toFixed(3)}x`);
 const short = (v) => (v !== null && typeof v === "object" ? "(structured)" : String(v));
-const diffText = (diff) => Object.entries(diff || {}).map(([k, [a, b]]) => `${k}: ${short(a)} → ${short(b)}`).join("; ");
+const diffText = (diff) => Object.entries(diff || {})
+  .map(([k, [a, b]]) => `${k}: ${short(a)} → ${short(b)}`).join("; ");
 
 function drawState(state) {
   const config = state.config;
@@ -89,7 +95,8 @@ function drawState(state) {
     dd.textContent = value !== null && typeof value === "object" ? JSON.stringify(value) : String(value);
     dl.append(dt, dd);
   }
-  $("pin-state").textContent = !ctl ? "" : [ctl.pin ? `pinned v${ctl.pin.config_version} by ${ctl.pin.owner}` : "not pinned",
+  $("pin-state").textContent = !ctl ? "" : [
+    ctl.pin ? `pinned v${ctl.pin.config_version} by ${ctl.pin.owner}` : "not pinned",
     ctl.trial ? `trial ${ctl.trial.id} running: ${ctl.trial.reason}` : "no trial running",
     `last known good v${ctl.last_known_good.version}`].join(" · ");
   fillTable("history", state.history, (v) => [[v.id, "num"], [time(v.at)], [v.source], [diffText(v.diff)], [v.reason]]);

@@ -158,14 +158,15 @@ def test_policy_switch_and_search_start_stop_from_the_page(page, served, problem
 
 CONTRAST = """() => {
   const rgb = (c) => c.match(/[\\d.]+/g).map(Number);
-  const lum = ([r, g, b]) => [r, g, b].map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; })
-    .reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const channel = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+  const lum = (c) => c.slice(0, 3).map(channel).reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0);
   const background = (e) => { for (; e; e = e.parentElement) { const c = getComputedStyle(e).backgroundColor;
     if (rgb(c).length === 3 || rgb(c)[3] > 0) return rgb(c).slice(0, 3); } return [255, 255, 255]; };
   const low = [];
-  for (const e of document.querySelectorAll("h1, h2, figcaption, label, button, input, select, dt, dd, td, th, p, span")) {
+  const texts = "h1, h2, figcaption, label, button, input, select, dt, dd, td, th, p, span";
+  for (const e of document.querySelectorAll(texts)) {
     if (!e.textContent.trim() && !e.value) continue;
-    const [a, b] = [lum(rgb(getComputedStyle(e).color).slice(0, 3)), lum(background(e))];
+    const [a, b] = [lum(rgb(getComputedStyle(e).color)), lum(background(e))];
     const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
     if (ratio < 4.5) low.push(`${e.tagName}#${e.id} "${e.textContent.trim().slice(0, 30)}" ${ratio.toFixed(2)}`);
   }
