@@ -62,9 +62,12 @@ function cell(row, text, className) {
   return td;
 }
 
-function fillTable(id, rows, columns) {
+function fillTable(id, rows, columns, empty) {
   const body = $(id).tBodies[0];
   body.replaceChildren();
+  if (rows.length === 0) {
+    cell(body.insertRow(), empty, "meta").colSpan = $(id).tHead.rows[0].cells.length;
+  }
   for (const item of rows) {
     const row = body.insertRow();
     for (const [value, className] of columns(item)) cell(row, value, className);
@@ -73,11 +76,11 @@ function fillTable(id, rows, columns) {
 
 // the store's timestamps are UTC; SQLite drops the zone
 const utc = (iso) => (iso.endsWith("Z") || iso.includes("+") ? iso : `${iso}Z`);
-const time = (iso) => (iso ? new Date(utc(iso)).toLocaleTimeString() : "");
+const time = (iso) => (iso ? new Date(utc(iso)).toLocaleTimeString([], { hour12: false }) : "");
 const gain = (g) => (g === null || g === undefined ? "–" : `${g.toFixed(3)}x`);
 const short = (v) => (v !== null && typeof v === "object" ? "(structured)" : String(v));
-const diffText = (diff) => Object.entries(diff || {})
-  .map(([k, [a, b]]) => `${k}: ${short(a)} → ${short(b)}`).join("; ");
+const diffText = (diff) => Object.entries(diff || {})     // a first version has nothing before it
+  .map(([k, [a, b]]) => (a === null ? `${k} = ${short(b)}` : `${k}: ${short(a)} → ${short(b)}`)).join("; ");
 
 function drawState(state) {
   const config = state.config;
@@ -99,10 +102,12 @@ function drawState(state) {
     ctl.pin ? `pinned v${ctl.pin.config_version} by ${ctl.pin.owner}` : "not pinned",
     ctl.trial ? `trial ${ctl.trial.id} running: ${ctl.trial.reason}` : "no trial running",
     `last known good v${ctl.last_known_good.version}`].join(" · ");
-  fillTable("history", state.history, (v) => [[v.id, "num"], [time(v.at)], [v.source], [diffText(v.diff)], [v.reason]]);
-  fillTable("decisions", state.decisions, (d) => [[d.id, "num"], [time(d.at)], [d.action], [d.reason],
-    [gain(d.predicted_gain), "num"], [gain(d.measured_gain), "num"], [d.config_version ?? "", "num"]]);
-  fillTable("alerts", state.alerts, (a) => [[time(a.received_at)], [a.name], [a.status, a.status], [a.action]]);
+  fillTable("history", state.history, (v) => [[v.id, "num"], [time(v.at), "num"], [v.source], [diffText(v.diff)],
+    [v.reason]], "no config versions");
+  fillTable("decisions", state.decisions, (d) => [[d.id, "num"], [time(d.at), "num"], [d.action], [d.reason],
+    [gain(d.predicted_gain), "num"], [gain(d.measured_gain), "num"], [d.config_version ?? "", "num"]], "no decisions");
+  fillTable("alerts", state.alerts, (a) => [[time(a.received_at), "num"], [a.name], [a.status, a.status], [a.action]],
+    "no alerts received");
   const select = $("policy-select");
   if (select.options.length !== state.policies.length) {
     select.replaceChildren(...state.policies.map((name) => new Option(name, name)));

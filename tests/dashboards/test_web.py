@@ -11,6 +11,7 @@ import pytest
 import yaml
 from playwright.sync_api import Page, expect, sync_playwright
 
+from tests.controller.test_alerts import _payload
 from tests.dashboards.servers import Server, binary, free_port
 
 TOKEN = "web-test-admin-token"
@@ -150,10 +151,22 @@ def test_policy_switch_and_search_start_stop_from_the_page(page, served, problem
     expect(page.locator("#policy-name")).to_have_text("policy default (rules)", timeout=10_000)
     actions = [d["action"] for d in httpx.get(f"{served}/admin/decisions").json()["decisions"][:3]]
     assert actions == ["policy_switch"] * 3
-    page.screenshot(path=str(SCREENSHOTS / "dashboard-after-actions.png"))
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-after-actions.png"), full_page=True)
     refusals = [p for p in problems if p.startswith("Failed to load resource")]   # Chromium logs refused fetches
     assert [p for p in problems if p not in refusals] == []
     assert [p.rsplit("status of ", 1)[1] for p in refusals] == ["401 (Unauthorized)", "409 (Conflict)"]
+
+
+def test_alerts_show_their_state(page, served):
+    expect(page.locator("#alerts tbody")).to_contain_text("no alerts received")
+    for status in ("firing", "resolved"):
+        reply = httpx.post(f"{served}/alerts", json=_payload(status=status, action="notify", name="GovernorWebTest"),
+                           headers={"Authorization": f"Bearer {TOKEN}"})
+        assert reply.status_code == 200, reply.text
+        expect(page.locator("#alerts tbody tr").first).to_contain_text(status, timeout=10_000)
+    expect(page.locator("#alerts tbody tr")).to_have_count(2)
+    expect(page.locator("#alerts tbody tr").last).to_contain_text("GovernorWebTest")
+    expect(page.locator("#alerts tbody td.firing")).to_have_text("firing")
 
 
 CONTRAST = """() => {
