@@ -1,5 +1,6 @@
 """The controller's admin API: reads (window, config, decisions, history, trials, alerts, policy) and
-token-guarded writes (pin a config, release, roll back, switch policy, Alertmanager webhook)."""
+token-guarded writes (pin a config, release, roll back, switch policy, start/stop an Optuna search,
+Alertmanager webhook)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -106,6 +107,22 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
             raise APIError(400, str(error), error.field) from error
         decision = controller.switch_policy(policy, name)
         return {"name": name, "decision": decision}
+
+    @router.post("/admin/search/start", dependencies=admin)
+    async def start_search():
+        decision = controller.start_search(load_policy("optuna"), "optuna")
+        if decision is None:
+            raise APIError(409, f"an Optuna search is already running (policy {controller.policy_name})",
+                           kind="conflict_error")
+        return {"name": controller.policy_name, "decision": decision}
+
+    @router.post("/admin/search/stop", dependencies=admin)
+    async def stop_search():
+        decision = controller.stop_search(load_policy("default"), "default")
+        if decision is None:
+            raise APIError(409, f"no Optuna search is running (policy {controller.policy_name})",
+                           kind="conflict_error")
+        return {"name": controller.policy_name, "decision": decision}
 
     @router.post("/alerts", dependencies=admin)
     async def receive_alerts(payload: AlertmanagerPayload):

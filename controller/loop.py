@@ -48,6 +48,7 @@ class Controller:
         self.alerts = None                         # set by AlertIntake, for the built-in SLO evaluator
         self.policy, self.policy_name = policy, policy_name
         self.strategy = self._strategy_for(policy)
+        self._before_search: tuple[Policy, str] | None = None
         self.current, self.last_known_good = self._resume()
 
     # -- start, stop, one tick -------------------------------------------------------------------------------------
@@ -232,6 +233,24 @@ class Controller:
             self.policy, self.policy_name = policy, name
             self.strategy = self._strategy_for(policy)
             return self._decide("policy_switch", f"policy switched to {name} ({policy.kind})", {"policy": name})
+
+    def start_search(self, policy: Policy, name: str) -> int | None:
+        """Switch to an Optuna policy, remembering the one in use to return to; None if a search already runs."""
+        with self.lock:
+            if self.policy.kind == "optuna":
+                return None
+            self._before_search = (self.policy, self.policy_name)
+            return self.switch_policy(policy, name)
+
+    def stop_search(self, default: Policy, default_name: str) -> int | None:
+        """Return from an Optuna search to the policy used before it (default if it ran from the start); None if
+        no search runs."""
+        with self.lock:
+            if self.policy.kind != "optuna":
+                return None
+            policy, name = self._before_search or (default, default_name)
+            self._before_search = None
+            return self.switch_policy(policy, name)
 
     def _abandon_trial(self) -> None:
         if self._trial is not None:

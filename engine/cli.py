@@ -77,9 +77,11 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from dashboards.web import create_dashboard_router
     from engine.api import create_app
     from engine.engine import EngineLimits
     from engine.ep import ExpertParallelError
+    from engine.live import LiveTelemetry
     from engine.metrics import EngineMetrics
     from engine.models import build_engine, load_models
     from engine.service import EngineService
@@ -116,11 +118,11 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     limits = EngineLimits(kv_cache_tokens=settings.kv_cache_tokens, max_num_seqs=settings.max_num_seqs,
                           max_batch_tokens=settings.max_batch_tokens)
-    metrics = EngineMetrics(models.name)
+    metrics, live = EngineMetrics(models.name), LiveTelemetry()
     tracer = tracing.get_tracer("governor") if tracing is not None else None
     try:
         engine = build_engine(models, limits=limits, ep=settings.ep, redundant_experts=settings.redundant_experts,
-                              model=settings.model, sinks=[metrics, *([StepSpans(tracer)] if tracer else [])])
+                              model=settings.model, sinks=[metrics, live, *([StepSpans(tracer)] if tracer else [])])
     except (ValueError, ExpertParallelError) as error:
         print(f"governor serve: {error}", file=sys.stderr)
         return 2
@@ -143,6 +145,7 @@ def _serve(args: argparse.Namespace) -> int:
             return 2
     app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens, metrics, tracer,
                      admin_router=plane.router if plane else None)
+    app.include_router(create_dashboard_router(live, lambda: engine.config, plane.controller if plane else None))
     stop_demo = threading.Event()
 
     @contextlib.asynccontextmanager
@@ -162,7 +165,8 @@ def _serve(args: argparse.Namespace) -> int:
             tracing.shutdown()
 
     app.router.lifespan_context = lifespan
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    # an open dashboard holds an endless event stream: cut it after a short grace instead of waiting for the tab
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=3)
     return 0
 
 

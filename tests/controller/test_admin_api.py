@@ -42,7 +42,8 @@ def test_reads_are_open(api):
 
 
 @pytest.mark.parametrize("method, path", [("put", "/admin/config"), ("post", "/admin/release"),
-                                          ("post", "/admin/rollback"), ("put", "/admin/policy"), ("post", "/alerts")])
+                                          ("post", "/admin/rollback"), ("put", "/admin/policy"), ("post", "/alerts"),
+                                          ("post", "/admin/search/start"), ("post", "/admin/search/stop")])
 def test_every_write_needs_the_token(api, method, path):
     url, controller, _ = api
     before = controller.store.count(Decision)
@@ -92,6 +93,28 @@ def test_policy_switch_by_name_and_by_document(api):
     assert controller.policy_name == "default"
 
 
+def test_an_optuna_search_starts_and_stops_back_to_the_policy_before_it(api):
+    url, controller, _ = api
+    before = controller.policy_name
+    assert httpx.post(f"{url}/admin/search/stop", headers=AUTH).status_code == 409     # none is running
+    started = httpx.post(f"{url}/admin/search/start", headers=AUTH)
+    assert started.status_code == 200 and started.json()["name"] == "optuna"
+    assert controller.policy.kind == "optuna" and controller.strategy.name == "optuna"
+    again = httpx.post(f"{url}/admin/search/start", headers=AUTH)
+    assert again.status_code == 409 and "already running" in again.json()["error"]["message"]
+    stopped = httpx.post(f"{url}/admin/search/stop", headers=AUTH)
+    assert stopped.status_code == 200 and stopped.json()["name"] == before
+    assert controller.policy.kind == "rules"
+    assert controller.store.count(Decision, action="policy_switch") == 2
+
+
+def test_a_search_running_from_the_start_stops_to_the_default_policy(api):
+    url, controller, _ = api
+    assert httpx.put(f"{url}/admin/policy", json={"name": "optuna"}, headers=AUTH).status_code == 200
+    assert httpx.post(f"{url}/admin/search/stop", headers=AUTH).json()["name"] == "default"
+    assert controller.policy.kind == "rules"
+
+
 def test_a_pinned_config_is_respected_by_the_loop(plane, prompts):
     service, control = plane
     controller, engine = control.controller, service.engine
@@ -110,6 +133,7 @@ def test_served_app_documents_the_controllers_routes(api):
     paths = httpx.get(f"{url}/openapi.json").json()["paths"]
     for path, method in [("/admin/window", "get"), ("/admin/config", "put"), ("/admin/rollback", "post"),
                          ("/admin/release", "post"), ("/admin/policy", "put"), ("/alerts", "post"),
+                         ("/admin/search/start", "post"), ("/admin/search/stop", "post"),
                          ("/admin/decisions", "get"), ("/admin/history", "get"), ("/v1/completions", "post")]:
         assert method in paths[path], (path, method)
 
