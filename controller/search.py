@@ -12,13 +12,6 @@ from engine.config import EngineConfig
 from engine.window import Window
 from policies import Policy
 
-CONSTRAINT = "slo_excess_seconds"   # user attribute: > 0 means the trial broke the latency SLO by that much
-
-
-def _constraints(trial: optuna.trial.FrozenTrial) -> list[float]:
-    return [trial.user_attrs.get(CONSTRAINT, 0.0)]
-
-
 class OptunaSearch:
     name = "optuna"
 
@@ -26,8 +19,8 @@ class OptunaSearch:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.policy = policy
         settings = policy.optuna
-        sampler = {"tpe": lambda: optuna.samplers.TPESampler(seed=settings.seed, constraints_func=_constraints),
-                   "gp": lambda: optuna.samplers.GPSampler(seed=settings.seed, constraints_func=_constraints),
+        sampler = {"tpe": lambda: optuna.samplers.TPESampler(seed=settings.seed),
+                   "gp": lambda: optuna.samplers.GPSampler(seed=settings.seed),
                    "random": lambda: optuna.samplers.RandomSampler(seed=settings.seed)}[settings.sampler]()
         self.study = optuna.create_study(storage=storage_url, study_name=settings.study_name, direction="maximize",
                                          sampler=sampler, load_if_exists=True)
@@ -51,7 +44,7 @@ class OptunaSearch:
         space = self.policy.optuna.search_space
         k = trial.suggest_int("draft_len", space.draft_len.low, space.draft_len.high)
         update = {"draft_len": k, "spec_method": self.spec_method if k > 0 else "off"}
-        if space.capacity_factor is not None and "capacity_factor" in EngineConfig.model_fields:
+        if space.capacity_factor is not None:
             update["capacity_factor"] = trial.suggest_float("capacity_factor", space.capacity_factor.low,
                                                             space.capacity_factor.high)
         return Proposal(current.changed(**update), "optuna",
@@ -63,7 +56,7 @@ class OptunaSearch:
     def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int) -> None:
         trial = proposal.optuna_trial
         if window is not None and outcome in ("kept", "reverted", "cut_short"):
-            trial.set_user_attr(CONSTRAINT, self._slo_excess(window))
+            trial.set_constraint("slo_excess_seconds", self._slo_excess(window))   # > 0: the SLO was broken
             trial.set_user_attr("outcome", outcome)
         if outcome in ("kept", "reverted"):
             self.study.tell(trial, tokens_per_busy_second(window))

@@ -67,4 +67,4 @@ def test_slo_breaking_trial_is_cut_short_and_the_previous_config_restored(build,
     assert len(cut) == 1 and "inter-token p99" in cut[0]["reason"]
     assert controller.current == baseline and engine.config == baseline
     trial = controller.strategy.study.trials[0]
-    assert trial.state == TrialState.PRUNED and trial.user_attrs["slo_excess_seconds"] > 0
+    assert trial.state == TrialState.PRUNED and trial.constraints["slo_excess_seconds"] > 0
