@@ -68,10 +68,12 @@ class ModelDrafter:
         self.device = next(model.parameters()).device
 
     def propose(self, seqs: list[Sequence], lengths: list[int]) -> Drafts:
+        """Greedy requests draft the argmax (the one-hot distribution's only token), so when all are greedy no
+        distributions are kept (Drafts.probs None: deterministic drafts, which verify alike)."""
         k, batch = max(lengths, default=0), len(seqs)
-        vocab = self.model.spec.vocab_size
+        greedy = all(s.params.greedy for s in seqs)
         tokens = torch.zeros(batch, k, dtype=torch.long, device=self.device)
-        probs = torch.zeros(batch, k, vocab, device=self.device)
+        probs = None if greedy else torch.zeros(batch, k, self.model.spec.vocab_size, device=self.device)
         temperature = torch.tensor([s.params.temperature for s in seqs], device=self.device)
         top_p = torch.tensor([s.params.top_p for s in seqs], device=self.device)
         chunks = [SequenceChunk(s.tokens[s.draft_computed:], s.draft_computed, s.block_table,
@@ -83,9 +85,14 @@ class ModelDrafter:
                 break
             logits = self.model(build_forward_batch([chunks[i] for i in active], self.block_size, self.device), self.cache)
             rows = torch.tensor(active, device=self.device)
-            dist = probs_from_logits(logits, temperature[rows], top_p[rows])
-            drawn = sample_categorical(dist, uniforms([seqs[i].generator for i in active], [1] * len(active), self.device)[:, 0])
-            tokens[rows, step], probs[rows, step] = drawn, dist
+            if greedy:
+                drawn = logits.argmax(dim=-1)
+            else:
+                dist = probs_from_logits(logits, temperature[rows], top_p[rows])
+                draws = uniforms([seqs[i].generator for i in active], [1] * len(active), self.device)[:, 0]
+                drawn = sample_categorical(dist, draws)
+                probs[rows, step] = dist
+            tokens[rows, step] = drawn
             for i, token in zip(active, drawn.tolist()):
                 position = len(seqs[i].tokens) + step
                 chunks[i] = SequenceChunk([token], position, seqs[i].block_table, 0)
