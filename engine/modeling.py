@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.batch import ForwardBatch
+from engine.batch import AttentionGroup, ForwardBatch
 from engine.kv_cache import KVCache
 from engine.moe import MoEBlock
 from engine.spec import ModelSpec
@@ -69,14 +69,20 @@ class Attention(nn.Module):
         k = rotary.apply(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
         cache.write(self.layer, batch.slot_mapping, k, v)
+        if len(batch.groups) == 1 and batch.groups[0].packed:
+            return self.o_proj(self._attend(q.view(*batch.groups[0].query_rows.shape, *q.shape[1:]),
+                                            batch.groups[0], cache).reshape(n, -1))
         out = torch.empty_like(q)
         for group in batch.groups:
-            keys, values = cache.read(self.layer, group.key_slots)
-            attended = F.scaled_dot_product_attention(
-                q[group.query_rows].transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                attn_mask=group.mask, enable_gqa=self.num_heads != self.num_kv_heads)
-            out[group.query_rows[group.query_valid]] = attended.transpose(1, 2)[group.query_valid]
+            out[group.valid_rows] = self._attend(q[group.query_rows], group, cache).flatten(0, 1)[group.valid_index]
         return self.o_proj(out.view(n, -1))
+
+    def _attend(self, queries: torch.Tensor, group: AttentionGroup, cache: KVCache) -> torch.Tensor:
+        """queries [B, Q, heads, head_dim] -> [B, Q, heads, head_dim]"""
+        keys, values = cache.read(self.layer, group.key_slots)
+        return F.scaled_dot_product_attention(
+            queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+            attn_mask=group.mask, enable_gqa=self.num_heads != self.num_kv_heads).transpose(1, 2)
 
 
 class MLP(nn.Module):
