@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 SHORT_QUERY = 16  # sequences with at most this many new tokens share one padded attention call
@@ -70,29 +71,30 @@ def _row_starts(chunks: list[SequenceChunk]) -> list[int]:
 
 
 def _attention_group(chunks, members, row_starts, block_size, device) -> AttentionGroup:
+    """Built with numpy: at decode sizes its small ops cost a fraction of torch's dispatch."""
     q_lens = [len(chunks[i].tokens) for i in members]
     q_max = max(q_lens)
     c_max = max(chunks[i].start + n for i, n in zip(members, q_lens))
     max_blocks = (c_max + block_size - 1) // block_size
-    tables = torch.tensor([_padded(chunks[i].block_table[:max_blocks], max_blocks) for i in members],
-                          dtype=torch.long)
-    q_lens_t, starts, first_rows = torch.tensor([q_lens, [chunks[i].start for i in members],
-                                                 [row_starts[i] for i in members]], dtype=torch.long)
-    ctx_lens = starts + q_lens_t
-    q_idx = torch.arange(q_max)
-    query_valid = q_idx[None, :] < q_lens_t[:, None]
-    query_rows = torch.where(query_valid, first_rows[:, None] + q_idx, 0)
-    key_pos = torch.arange(c_max)
+    tables = np.array([_padded(chunks[i].block_table[:max_blocks], max_blocks) for i in members], dtype=np.int64)
+    q_lens_a, starts, first_rows = np.array([q_lens, [chunks[i].start for i in members],
+                                             [row_starts[i] for i in members]], dtype=np.int64)
+    ctx_lens = starts + q_lens_a
+    q_idx = np.arange(q_max)
+    query_valid = q_idx[None, :] < q_lens_a[:, None]
+    query_rows = np.where(query_valid, first_rows[:, None] + q_idx, 0)
+    key_pos = np.arange(c_max)
     key_slots = tables[:, key_pos // block_size] * block_size + key_pos % block_size
     query_pos = starts[:, None] + q_idx[None, :]
     mask = key_pos[None, None, :] <= query_pos[:, :, None]
     mask = mask & query_valid[:, :, None] | (~query_valid[:, :, None] & (key_pos == 0)[None, None, :])
-    key_slots = torch.where(key_pos[None, :] < ctx_lens[:, None], key_slots, 0)
+    key_slots = np.where(key_pos[None, :] < ctx_lens[:, None], key_slots, 0)
     packed = all(n == q_max for n in q_lens) and [row_starts[i] for i in members] == list(
         range(0, q_max * len(members), q_max))
-    valid_index = query_valid.flatten().nonzero().squeeze(1)
-    return AttentionGroup(query_rows.to(device), query_rows.flatten()[valid_index].to(device), valid_index.to(device),
-                          key_slots.to(device), mask[:, None].to(device), packed)
+    valid_index = np.flatnonzero(query_valid)
+    as_tensor = lambda array: torch.from_numpy(array).to(device)  # noqa: E731
+    return AttentionGroup(as_tensor(query_rows), as_tensor(query_rows.reshape(-1)[valid_index]),
+                          as_tensor(valid_index), as_tensor(key_slots), as_tensor(mask[:, None]), packed)
 
 
 def _padded(values: list[int], length: int) -> list[int]:
