@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 SHORT_QUERY = 16  # sequences with at most this many new tokens share one padded attention call
@@ -12,9 +13,11 @@ SHORT_QUERY = 16  # sequences with at most this many new tokens share one padded
 class AttentionGroup:
     """Sequences whose attention runs as one padded call: queries [B, Q], keys [B, C]."""
     query_rows: torch.Tensor   # [B, Q] packed row of each query (0 where padded)
-    query_valid: torch.Tensor  # [B, Q] bool
+    valid_rows: torch.Tensor   # [V] packed rows of the real queries, in [B, Q] order
+    valid_index: torch.Tensor  # [V] their flat index into [B * Q]
     key_slots: torch.Tensor    # [B, C] cache slot of each key position (0 where padded)
     mask: torch.Tensor         # [B, 1, Q, C] bool, True = may attend
+    packed: bool               # no padding and rows in order: the queries are exactly packed rows 0 .. B*Q-1
 
 
 @dataclass
@@ -68,23 +71,31 @@ def _row_starts(chunks: list[SequenceChunk]) -> list[int]:
 
 
 def _attention_group(chunks, members, row_starts, block_size, device) -> AttentionGroup:
-    q_lens = torch.tensor([len(chunks[i].tokens) for i in members])
-    starts = torch.tensor([chunks[i].start for i in members])
-    ctx_lens = starts + q_lens
-    q_max, c_max = int(q_lens.max()), int(ctx_lens.max())
-    q_idx = torch.arange(q_max)
-    query_valid = q_idx[None, :] < q_lens[:, None]
-    query_rows = torch.where(query_valid, torch.tensor([row_starts[i] for i in members])[:, None] + q_idx, 0)
+    """Built with numpy: at decode sizes its small ops cost a fraction of torch's dispatch."""
+    q_lens = [len(chunks[i].tokens) for i in members]
+    q_max = max(q_lens)
+    c_max = max(chunks[i].start + n for i, n in zip(members, q_lens))
     max_blocks = (c_max + block_size - 1) // block_size
-    tables = torch.zeros(len(members), max_blocks, dtype=torch.long)
-    for b, i in enumerate(members):
-        table = chunks[i].block_table[:max_blocks]
-        tables[b, :len(table)] = torch.tensor(table, dtype=torch.long)
-    key_pos = torch.arange(c_max)
+    tables = np.array([_padded(chunks[i].block_table[:max_blocks], max_blocks) for i in members], dtype=np.int64)
+    q_lens_a, starts, first_rows = np.array([q_lens, [chunks[i].start for i in members],
+                                             [row_starts[i] for i in members]], dtype=np.int64)
+    ctx_lens = starts + q_lens_a
+    q_idx = np.arange(q_max)
+    query_valid = q_idx[None, :] < q_lens_a[:, None]
+    query_rows = np.where(query_valid, first_rows[:, None] + q_idx, 0)
+    key_pos = np.arange(c_max)
     key_slots = tables[:, key_pos // block_size] * block_size + key_pos % block_size
     query_pos = starts[:, None] + q_idx[None, :]
     mask = key_pos[None, None, :] <= query_pos[:, :, None]
     mask = mask & query_valid[:, :, None] | (~query_valid[:, :, None] & (key_pos == 0)[None, None, :])
-    key_slots = torch.where(key_pos[None, :] < ctx_lens[:, None], key_slots, 0)
-    return AttentionGroup(query_rows.to(device), query_valid.to(device), key_slots.to(device),
-                          mask[:, None].to(device))
+    key_slots = np.where(key_pos[None, :] < ctx_lens[:, None], key_slots, 0)
+    packed = all(n == q_max for n in q_lens) and [row_starts[i] for i in members] == list(
+        range(0, q_max * len(members), q_max))
+    valid_index = np.flatnonzero(query_valid)
+    as_tensor = lambda array: torch.from_numpy(array).to(device)  # noqa: E731
+    return AttentionGroup(as_tensor(query_rows), as_tensor(query_rows.reshape(-1)[valid_index]),
+                          as_tensor(valid_index), as_tensor(key_slots), as_tensor(mask[:, None]), packed)
+
+
+def _padded(values: list[int], length: int) -> list[int]:
+    return values + [0] * (length - len(values))

@@ -68,10 +68,12 @@ class ModelDrafter:
         self.device = next(model.parameters()).device
 
     def propose(self, seqs: list[Sequence], lengths: list[int]) -> Drafts:
+        """Greedy requests draft the argmax (the one-hot distribution's only token), so when all are greedy no
+        distributions are kept (Drafts.probs None: deterministic drafts, which verify alike)."""
         k, batch = max(lengths, default=0), len(seqs)
-        vocab = self.model.spec.vocab_size
-        tokens = torch.zeros(batch, k, dtype=torch.long, device=self.device)
-        probs = torch.zeros(batch, k, vocab, device=self.device)
+        greedy = all(s.params.greedy for s in seqs)
+        proposed: list[list[int]] = [[] for _ in seqs]
+        probs = None if greedy else torch.zeros(batch, k, self.model.spec.vocab_size, device=self.device)
         temperature = torch.tensor([s.params.temperature for s in seqs], device=self.device)
         top_p = torch.tensor([s.params.top_p for s in seqs], device=self.device)
         chunks = [SequenceChunk(s.tokens[s.draft_computed:], s.draft_computed, s.block_table,
@@ -82,15 +84,21 @@ class ModelDrafter:
             if not active:
                 break
             logits = self.model(build_forward_batch([chunks[i] for i in active], self.block_size, self.device), self.cache)
-            rows = torch.tensor(active, device=self.device)
-            dist = probs_from_logits(logits, temperature[rows], top_p[rows])
-            drawn = sample_categorical(dist, uniforms([seqs[i].generator for i in active], [1] * len(active), self.device)[:, 0])
-            tokens[rows, step], probs[rows, step] = drawn, dist
+            if greedy:
+                drawn = logits.argmax(dim=-1)
+            else:
+                rows = torch.tensor(active, device=self.device)
+                dist = probs_from_logits(logits, temperature[rows], top_p[rows])
+                draws = uniforms([seqs[i].generator for i in active], [1] * len(active), self.device)[:, 0]
+                drawn = sample_categorical(dist, draws)
+                probs[rows, step] = dist
             for i, token in zip(active, drawn.tolist()):
+                proposed[i].append(token)
                 position = len(seqs[i].tokens) + step
                 chunks[i] = SequenceChunk([token], position, seqs[i].block_table, 0)
                 seqs[i].draft_computed = position
-        return Drafts(tokens, torch.tensor(lengths, device=self.device), probs)
+        tokens = torch.tensor([p + [0] * (k - len(p)) for p in proposed], dtype=torch.long, device=self.device)
+        return Drafts(tokens.view(batch, k), torch.tensor(lengths, device=self.device), probs)
 
     def accepted(self, seq: Sequence, drafted_from: int, num_accepted: int) -> None:
         seq.draft_computed = min(seq.draft_computed, drafted_from + num_accepted)

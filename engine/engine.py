@@ -223,6 +223,8 @@ class Engine:
                 logits: torch.Tensor) -> tuple[list[int], list[int]]:
         if not sampling:
             return [], []
+        if all(item.seq.params.greedy for item in sampling):
+            return self._verify_greedy(sampling, draft_lists, logits)
         counts = [len(draft_lists.get(id(item), [])) for item in sampling]
         k = max(counts, default=0)
         params = [item.seq.params for item in sampling]
@@ -249,6 +251,21 @@ class Engine:
         num_accepted, next_token = verify_drafts(draft_tokens, torch.tensor(counts, device=self.device), draft_probs,
                                                  probs[rows], randoms[:, :k], sample_u)
         return num_accepted.tolist(), next_token.tolist()
+
+    @staticmethod
+    def _verify_greedy(sampling: list[Scheduled], draft_lists: dict[int, list[int]],
+                       logits: torch.Tensor) -> tuple[list[int], list[int]]:
+        """verify_drafts for one-hot target rows: a draft is kept while it is the target's argmax, and the next
+        token is the argmax after the last kept draft."""
+        best = logits.argmax(dim=-1).tolist()
+        num_accepted, next_tokens, row = [], [], 0
+        for item in sampling:
+            proposed = draft_lists.get(id(item), [])
+            accepted = next((j for j, token in enumerate(proposed) if token != best[row + j]), len(proposed))
+            num_accepted.append(accepted)
+            next_tokens.append(best[row + accepted])
+            row += len(proposed) + 1
+        return num_accepted, next_tokens
 
     # -- delivering tokens ------------------------------------------------------------------------
 

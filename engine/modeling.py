@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.batch import ForwardBatch
+from engine.batch import AttentionGroup, ForwardBatch
 from engine.kv_cache import KVCache
 from engine.moe import MoEBlock
 from engine.spec import ModelSpec
@@ -37,12 +38,19 @@ class Rotary(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos = self.cos[positions][:, None, :].to(x.dtype)
-        sin = self.sin[positions][:, None, :].to(x.dtype)
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> RotaryTables:
+        """cos and sin [N, 1, head_dim] of the batch's positions, looked up once per forward for every layer."""
+        return RotaryTables(self.cos[positions][:, None, :].to(dtype), self.sin[positions][:, None, :].to(dtype))
+
+
+class RotaryTables(NamedTuple):
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return x * self.cos + rotated * self.sin
 
 
 class Attention(nn.Module):
@@ -55,20 +63,26 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(spec.hidden_size, spec.num_kv_heads * spec.head_dim, bias=False)
         self.o_proj = nn.Linear(spec.num_heads * spec.head_dim, spec.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, rotary: Rotary) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, rotary: RotaryTables) -> torch.Tensor:
         n = x.shape[0]
-        q = rotary(self.q_proj(x).view(n, self.num_heads, self.head_dim), batch.positions)
-        k = rotary(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim), batch.positions)
+        q = rotary.apply(self.q_proj(x).view(n, self.num_heads, self.head_dim))
+        k = rotary.apply(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
         cache.write(self.layer, batch.slot_mapping, k, v)
+        if len(batch.groups) == 1 and batch.groups[0].packed:
+            return self.o_proj(self._attend(q.view(*batch.groups[0].query_rows.shape, *q.shape[1:]),
+                                            batch.groups[0], cache).reshape(n, -1))
         out = torch.empty_like(q)
         for group in batch.groups:
-            keys, values = cache.read(self.layer, group.key_slots)
-            attended = F.scaled_dot_product_attention(
-                q[group.query_rows].transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                attn_mask=group.mask, enable_gqa=self.num_heads != self.num_kv_heads)
-            out[group.query_rows[group.query_valid]] = attended.transpose(1, 2)[group.query_valid]
+            out[group.valid_rows] = self._attend(q[group.query_rows], group, cache).flatten(0, 1)[group.valid_index]
         return self.o_proj(out.view(n, -1))
+
+    def _attend(self, queries: torch.Tensor, group: AttentionGroup, cache: KVCache) -> torch.Tensor:
+        """queries [B, Q, heads, head_dim] -> [B, Q, heads, head_dim]"""
+        keys, values = cache.read(self.layer, group.key_slots)
+        return F.scaled_dot_product_attention(
+            queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+            attn_mask=group.mask, enable_gqa=self.num_heads != self.num_kv_heads).transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -90,7 +104,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MoEBlock(spec) if spec.is_moe else MLP(spec)
 
-    def forward(self, x, batch: ForwardBatch, cache: KVCache, rotary: Rotary,
+    def forward(self, x, batch: ForwardBatch, cache: KVCache, rotary: RotaryTables,
                 experts: MoERunner | None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), batch, cache, rotary)
         h = self.post_attention_layernorm(x)
@@ -117,8 +131,9 @@ class Transformer(nn.Module):
     def forward(self, batch: ForwardBatch, cache: KVCache, experts: MoERunner | None = None) -> torch.Tensor:
         """Logits [len(batch.logits_rows), vocab] in float32; experts runs the MoE layers (default: the block's own)."""
         x = self.embed_tokens(batch.input_ids)
+        rotary = self.rotary.tables(batch.positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, batch, cache, self.rotary, experts)
+            x = layer(x, batch, cache, rotary, experts)
         return self.lm_head(self.norm(x[batch.logits_rows])).float()
 
     def truncated(self, num_layers: int) -> Transformer:

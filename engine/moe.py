@@ -94,10 +94,14 @@ class ExpertSlots:
         return self.replicas[experts, queue_positions % self.replica_count[experts]]
 
     def compute(self, rows: torch.Tensor, local_slots: torch.Tensor) -> torch.Tensor:
+        """Each row through its slot's expert; a slot's rows run as one batch, in their order in rows."""
+        order = torch.argsort(local_slots, stable=True)
+        sizes = torch.bincount(local_slots, minlength=self.slots_per_device).tolist()
+        parts = [expert_ffn(part, self.w1[slot], self.w3[slot], self.w2[slot])
+                 for slot, part in enumerate(rows[order].split(sizes)) if sizes[slot]]
         out = torch.empty_like(rows)
-        for slot in local_slots.unique().tolist():
-            picked = (local_slots == slot).nonzero().squeeze(1)
-            out[picked] = expert_ffn(rows[picked], self.w1[slot], self.w3[slot], self.w2[slot])
+        if parts:
+            out[order] = torch.cat(parts)
         return out
 
 
@@ -107,19 +111,38 @@ def moe_forward(x: torch.Tensor, gate: nn.Linear, top_k: int, slots: ExpertSlots
     n, rank, world = x.shape[0], exchange.rank, exchange.world
     routing = route_tokens(gate(x), top_k)
     capacity = expert_capacity(capacity_factor, n, top_k, gate.out_features)
-    kept = torch.ones_like(routing.slots, dtype=torch.bool) if capacity is None else routing.slots < capacity
     pair_slot_all = slots.slot_of(routing.experts, routing.slots).flatten()
-    pair = kept.flatten().nonzero().squeeze(1)          # pair id = token * top_k + choice
+    pair = (torch.arange(n * top_k, device=x.device) if capacity is None          # pair id = token * top_k + choice
+            else (routing.slots < capacity).flatten().nonzero().squeeze(1))
     pair_slot = pair_slot_all[pair]
     counts = LayerCounts(routing.counts, torch.bincount(pair_slot, minlength=slots.num_slots),
                          n * top_k - pair.numel())
 
     shard_sizes = [n // world + (r < n % world) for r in range(world)]
+    if world == 1:
+        returned = slots.compute(x[pair // top_k], pair_slot)
+    else:
+        pair, returned = _exchanged_experts(x, pair, pair_slot, top_k, slots, exchange, shard_sizes)
+
+    first = sum(shard_sizes[:rank])
+    shard = shard_sizes[rank]
+    per_pair = x.new_zeros(shard * top_k, x.shape[1])
+    per_pair[pair - first * top_k] = returned
+    gates = routing.weights[first:first + shard].to(x.dtype)
+    combined = (per_pair.view(shard, top_k, x.shape[1]) * gates[..., None]).sum(dim=1)
+    return exchange.all_gather(combined, shard_sizes), counts
+
+
+def _exchanged_experts(x: torch.Tensor, pair: torch.Tensor, pair_slot: torch.Tensor, top_k: int, slots: ExpertSlots,
+                       exchange: Exchange, shard_sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Send this rank's shard of pairs to the ranks holding their slots, compute the pairs sent here, and
+    return (this shard's pair ids, their expert outputs)."""
+    rank, world = exchange.rank, exchange.world
     shard_ends = torch.tensor(shard_sizes, device=x.device).cumsum(0)
     token = pair // top_k
     src = torch.bucketize(token, shard_ends, right=True)
     dest = pair_slot // slots.slots_per_device
-    num_pairs = n * top_k
+    num_pairs = x.shape[0] * top_k
     order = torch.argsort(((dest * world + src) * slots.num_slots + pair_slot) * num_pairs + pair)
     pair, pair_slot, token, src, dest = pair[order], pair_slot[order], token[order], src[order], dest[order]
 
@@ -128,15 +151,7 @@ def moe_forward(x: torch.Tensor, gate: nn.Linear, top_k: int, slots: ExpertSlots
     recv_counts = torch.bincount(src[incoming], minlength=world).tolist()
     received = exchange.all_to_all(x[token[outgoing]], send_counts, recv_counts)
     computed = slots.compute(received, pair_slot[incoming] - rank * slots.slots_per_device)
-    returned = exchange.all_to_all(computed, recv_counts, send_counts)
-
-    first = sum(shard_sizes[:rank])
-    shard = shard_sizes[rank]
-    per_pair = x.new_zeros(shard * top_k, x.shape[1])
-    per_pair[pair[outgoing] - first * top_k] = returned
-    gates = routing.weights[first:first + shard].to(x.dtype)
-    combined = (per_pair.view(shard, top_k, x.shape[1]) * gates[..., None]).sum(dim=1)
-    return exchange.all_gather(combined, shard_sizes), counts
+    return pair[outgoing], exchange.all_to_all(computed, recv_counts, send_counts)
 
 
 class MoEBlock(nn.Module):
