@@ -1,5 +1,5 @@
-"""`governor control` as a real subprocess against a real engine server: kill -9 loses no recorded decision, and a
-restart resumes the last known good config."""
+"""`governor control` as a real subprocess against a real engine server: kill -9 while a trial is open loses no
+recorded decision, and a restart marks the trial interrupted and resumes the last known good config."""
 import os
 import re
 import signal
@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from controller.store import Decision, Store
+from controller.store import Decision, Store, Trial
 from engine.config import EngineConfig
 from engine.service import EngineService
 from tests.controller.conftest import fast_policy
@@ -50,25 +50,28 @@ def engine_server(moe_models):
         yield url
 
 
-def test_kill_9_loses_no_decision_and_restart_resumes_the_last_known_good(engine_server, tmp_path):
+def test_kill_9_mid_trial_loses_no_decision_and_restart_resumes_the_last_known_good(engine_server, tmp_path):
     url, db = engine_server, f"sqlite:///{tmp_path / 'governor.db'}"
     policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(fast_policy(speculation={"reprobe_windows": 3})))
+    policy.write_text(yaml.safe_dump(fast_policy(window={"seconds": 2.0}, speculation={"reprobe_windows": 3})))
     first = _control(url, policy, db)
-    reported = _read_decisions(first, lambda ds: sum(a in ("keep", "revert", "fallback") for _, a in ds) >= 2)
-    first.send_signal(signal.SIGKILL)
+    reported = _read_decisions(first, lambda ds: len(ds) > 1 and ds[-1][1] == "trial")
+    first.send_signal(signal.SIGKILL)      # a trial is open: its verdict comes a whole window later
     first.wait(timeout=10)
 
     store = Store(db)
-    recorded = {row["id"]: row["action"] for row in store.rows(Decision, 10_000)}
-    assert all(recorded.get(i) == action for i, action in reported), (reported, recorded)
+    recorded = {row["id"]: row for row in store.rows(Decision, 10_000)}
+    assert all(recorded[i]["action"] == action for i, action in reported), (reported, recorded)
+    trial_id = recorded[reported[-1][0]]["trial_id"]
+    assert _trial(store, trial_id)["outcome"] == "running"
     good = store.last_known_good()
+    assert httpx.get(f"{url}/admin/config").json() != good.model_dump()     # the engine still serves the trial
 
-    httpx.put(f"{url}/admin/config", json={"spec_method": "draft_model", "draft_len": 8}, headers=AUTH)
     second = _control(url, policy, db)
     try:
         resumed = _read_decisions(second, lambda ds: any(a == "resume" for _, a in ds))
         assert resumed[0][1] == "resume"
+        assert _trial(Store(db), trial_id)["outcome"] == "interrupted"
         deadline = time.monotonic() + 10     # the engine adopts a config at its next step
         while (served := httpx.get(f"{url}/admin/config").json()) != good.model_dump() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -76,6 +79,10 @@ def test_kill_9_loses_no_decision_and_restart_resumes_the_last_known_good(engine
     finally:
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=30) == 0
+
+
+def _trial(store: Store, trial_id: int) -> dict:
+    return next(t for t in store.rows(Trial, 10_000) if t["id"] == trial_id)
 
 
 @pytest.mark.parametrize("flags, message", [
