@@ -295,7 +295,7 @@ def _figure(arms: list[Arm], phases: list[Phase], policy: Policy):
     start, total = 0.0, sum(p.duration_s for p in phases)
     for i, phase in enumerate(phases):
         axes.axvspan(start, start + phase.duration_s, color=f"C{i}", alpha=0.08)
-        axes.text(start + 0.5, 0, phase.name, fontsize=8, va="bottom")
+        axes.text(start + 0.5, 0.01, phase.name, fontsize=8, va="bottom", transform=axes.get_xaxis_transform())
         start += phase.duration_s
     edges = np.arange(0, total + BIN_SECONDS, BIN_SECONDS)
     for arm in arms:
@@ -303,6 +303,7 @@ def _figure(arms: list[Arm], phases: list[Phase], policy: Policy):
         tokens, _ = np.histogram([t for t, _ in done], bins=edges, weights=[n for _, n in done])
         style = {"linewidth": 2.5, "color": "black"} if arm.name == CONTROLLER else {"linewidth": 1, "alpha": 0.8}
         axes.plot(edges[:-1] + BIN_SECONDS / 2, tokens / BIN_SECONDS, label=arm.name, **style)
+    axes.set_ylim(bottom=0)
     top = axes.get_ylim()[1]
     for apply in next(a for a in arms if a.name == CONTROLLER).applies:
         axes.axvline(apply["time"], color="black", linestyle=":", linewidth=0.8)
