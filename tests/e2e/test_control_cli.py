@@ -62,23 +62,28 @@ def test_kill_9_mid_trial_loses_no_decision_and_restart_resumes_the_last_known_g
     store = Store(db)
     recorded = {row["id"]: row for row in store.rows(Decision, 10_000)}
     assert all(recorded[i]["action"] == action for i, action in reported), (reported, recorded)
-    trial_id = recorded[reported[-1][0]]["trial_id"]
-    assert _trial(store, trial_id)["outcome"] == "running"
-    good = store.last_known_good()
-    assert httpx.get(f"{url}/admin/config").json() != good.model_dump()     # the engine still serves the trial
+    trial = _trial(store, recorded[reported[-1][0]]["trial_id"])
+    assert trial["outcome"] == "running"
+    good, on_trial = store.last_known_good(), store.config(trial["config_version"])
+    assert on_trial != good
+    _assert_serves(url, on_trial)       # the engine keeps the trial's config while no controller runs
 
     second = _control(url, policy, db)
     try:
         resumed = _read_decisions(second, lambda ds: any(a == "resume" for _, a in ds))
         assert resumed[0][1] == "resume"
-        assert _trial(Store(db), trial_id)["outcome"] == "interrupted"
-        deadline = time.monotonic() + 10     # the engine adopts a config at its next step
-        while (served := httpx.get(f"{url}/admin/config").json()) != good.model_dump() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert served == good.model_dump(), (served, good)
+        assert _trial(Store(db), trial["id"])["outcome"] == "interrupted"
+        _assert_serves(url, good)
     finally:
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=30) == 0
+
+
+def _assert_serves(url: str, config: EngineConfig) -> None:
+    deadline = time.monotonic() + 10     # the engine adopts a config at its next step
+    while (served := httpx.get(f"{url}/admin/config").json()) != config.model_dump() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert served == config.model_dump(), (served, config)
 
 
 def _trial(store: Store, trial_id: int) -> dict:
