@@ -53,9 +53,9 @@ class Arm:
 def add_controller_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="smoke test: short phases, two static arms")
     parser.add_argument("--phase-seconds", type=float, default=30.0, help="length of each of the three phases")
-    parser.add_argument("--qps", type=float, default=10.0, help="arrival rate of the first code phase")
-    parser.add_argument("--prose-qps", type=float, default=10.0, help="arrival rate of the prose phase")
-    parser.add_argument("--shifted-qps", type=float, default=4.0, help="arrival rate of the last code phase")
+    parser.add_argument("--qps", type=float, default=5.0, help="arrival rate of the first code phase")
+    parser.add_argument("--prose-qps", type=float, default=5.0, help="arrival rate of the prose phase")
+    parser.add_argument("--shifted-qps", type=float, default=2.5, help="arrival rate of the last code phase")
     parser.add_argument("--prose-temperature", type=float, default=1.5)
     parser.add_argument("--max-tokens", type=report.int_in(1, 1024), default=64)
     parser.add_argument("--policy", default="responsive", help="the controller's policy file or shipped name")
