@@ -39,6 +39,7 @@ QUICK_STATIC = ("plain", "ngram k=4")
 CONTROLLER = "controller"
 LOW_ACCEPTANCE_PHASE = "prose-hot"
 BIN_SECONDS = 2.0
+KEPT = ("keep", "fallback", "reenable")
 TARGETS = {"oracle_ratio": 0.95, "best_static_ratio": 1.10, "low_acceptance_vs_plain": 0.98}
 
 
@@ -214,17 +215,14 @@ def _overall(arm: Arm, phases: list[Phase], policy: Policy) -> dict:
 
 
 def _retune_seconds(arm: Arm, phases: list[Phase]) -> list[dict]:
-    """Per phase: seconds from its start until the controller applied the config it served at the phase's end."""
+    """Per phase: seconds from its start to the controller's first kept change (keep, fallback or re-enable)."""
     out, start = [], 0.0
     for phase in phases:
         end = start + phase.duration_s
-        before_end = [a for a in arm.applies if a["time"] < end]
-        final = before_end[-1] if before_end else None
-        if final is None or final["time"] < start:
-            out.append({"phase": phase.name, "seconds": None, "note": "no change during the phase",
-                        "config": final["config"] if final else "initial"})
-        else:
-            out.append({"phase": phase.name, "seconds": round(final["time"] - start, 2), "config": final["config"]})
+        kept = [d for d in arm.decisions if d["action"] in KEPT and start <= d["time"] < end]
+        served = [a["config"] for a in arm.applies if a["time"] < end]
+        out.append({"phase": phase.name, "seconds": round(kept[0]["time"] - start, 2) if kept else None,
+                    "kept_changes": len(kept), "config_at_end": served[-1] if served else "initial"})
         start = end
     return out
 
