@@ -174,8 +174,9 @@ def _serving(service, admin_router):
 
 
 def _decision(row: dict, seconds: float) -> dict:
-    return {"time": round(seconds, 2), "action": row["action"], "reason": row["reason"], "predicted_gain": row["predicted_gain"],
-            "measured_gain": row["measured_gain"], "config_version": row["config_version"]}
+    return {"time": round(seconds, 2), "action": row["action"], "reason": row["reason"],
+            "predicted_gain": row["predicted_gain"], "measured_gain": row["measured_gain"],
+            "config_version": row["config_version"]}
 
 
 def _label(config: EngineConfig) -> str:

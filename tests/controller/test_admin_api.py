@@ -123,8 +123,9 @@ def test_without_a_controller_the_engine_serves_its_own_seam(moe_models):
 
 def _unchanged(controller, engine):
     """What a refused write must leave as it was: config, pin, version history, decisions, policy, engine."""
-    return (controller.current, controller.last_known_good, controller.store.pin(), controller.store.count(ConfigVersion),
-            controller.store.count(Decision), controller.policy, controller.policy_name, engine.config)
+    store = controller.store
+    return (controller.current, controller.last_known_good, store.pin(), store.count(ConfigVersion),
+            store.count(Decision), controller.policy, controller.policy_name, engine.config)
 
 
 @pytest.mark.parametrize("body, field", [
