@@ -51,6 +51,9 @@ def print_decision(decision_id: int, action: str, reason: str) -> None:
 
 
 def run_control(args: argparse.Namespace) -> int:
+    stop = threading.Event()     # set before the plane is built: a SIGTERM while it resumes still stops it cleanly
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     try:
         client = HttpClient(args.engine, os.environ.get("GOVERNOR_ADMIN_TOKEN"))
         plane = build_control_plane(client, args.policy, args.db, None, on_decision=print_decision)
@@ -61,9 +64,6 @@ def run_control(args: argparse.Namespace) -> int:
     except EngineClientError as error:
         print(f"governor control: {error}", file=sys.stderr)
         return 1
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     plane.controller.start()
     stop.wait()
     plane.controller.stop()

@@ -63,7 +63,7 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, error: RequestValidationError):
         first = error.errors()[0]
-        field = field_of(tuple(first["loc"])) or "body"
+        field = "body" if first["type"] == "json_invalid" else field_of(tuple(first["loc"])) or "body"
         return _error_response(APIError(400, f"{field}: {first['msg']}", field))
 
     def check_model(name: str) -> None:

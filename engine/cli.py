@@ -57,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     add_moe_bench_arguments(moe)
     moe.set_defaults(run=run_moe_bench_parts)
 
+    from controller.bench import add_controller_bench_arguments, run_controller_bench
+
+    controller_bench = benches.add_parser("controller", help="the controller vs static configs and the per-phase "
+                                                             "oracle on phase-shifting load")
+    add_controller_bench_arguments(controller_bench)
+    controller_bench.set_defaults(run=run_controller_bench)
+
     plan = commands.add_parser("plan", help="expert placement from measured heat, as JSON")
     add_plan_arguments(plan)
     plan.set_defaults(run=run_plan)

@@ -18,9 +18,10 @@ def db_url(tmp_path):
 
 @pytest.fixture
 def build(moe_models, db_url):
-    """build(policy_dict, k) -> (engine, controller): a fresh engine at draft length k under a fresh controller."""
-    def make(policy: dict, k: int = 1, url: str = db_url):
-        engine = make_engine(moe_models, EngineConfig(spec_method="draft_model" if k else "off", draft_len=k))
+    """build(policy_dict, k, method) -> (engine, controller): a fresh engine drafting k tokens with method (plain
+    decoding if k is 0) under a fresh controller."""
+    def make(policy: dict, k: int = 1, url: str = db_url, method: str = "draft_model"):
+        engine = make_engine(moe_models, EngineConfig(spec_method=method if k else "off", draft_len=k))
         return engine, Controller(InProcessClient(engine), Store(url), parse_policy(policy, "test-policy"))
     return make
 

@@ -7,7 +7,7 @@ import yaml
 
 from controller.clients import InProcessClient
 from controller.cli import build_control_plane
-from controller.store import Decision
+from controller.store import AlertRecord, ConfigVersion, Decision
 from engine.config import EngineConfig
 from engine.service import EngineService
 from tests.controller.conftest import fast_policy
@@ -143,3 +143,59 @@ def test_without_a_controller_the_engine_serves_its_own_seam(moe_models):
     with serving(service, None) as url:
         assert httpx.get(f"{url}/admin/window").status_code == 200      # a fresh snapshot, for a remote controller
         assert "/admin/decisions" not in httpx.get(f"{url}/openapi.json").json()["paths"]
+
+
+def _unchanged(controller, engine):
+    """What a refused write must leave as it was: config, pin, version history, decisions, policy, engine."""
+    store = controller.store
+    return (controller.current, controller.last_known_good, store.pin(), store.count(ConfigVersion),
+            store.count(Decision), controller.policy, controller.policy_name, engine.config)
+
+
+@pytest.mark.parametrize("body, field", [
+    (b"{not json", "body"),
+    (b"[1, 2]", "body"),
+    (b'{"draft_len": -1}', "draft_len"),
+    (b'{"draft_len": "four"}', "draft_len"),
+    (b'{"spec_method": "medusa"}', "spec_method"),
+    (b'{"draft_len": 2, "speed": "max"}', "speed"),
+    (b'{"capacity_factor": -0.5}', "capacity_factor"),
+])
+def test_put_config_refuses_malformed_bodies_and_changes_nothing(api, body, field):
+    url, controller, engine = api
+    httpx.put(f"{url}/admin/config", json={"draft_len": 5}, headers=AUTH)     # a pin a bad body must not disturb
+    before = _unchanged(controller, engine)
+    reply = httpx.put(f"{url}/admin/config", content=body, headers={**AUTH, "Content-Type": "application/json"})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == field and error["message"].startswith(f"{field}: ")
+    assert _unchanged(controller, engine) == before
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"name": "default", "policy": {"kind": "rules"}}, "body"),
+    ({}, "body"),
+    ({"policy": {"window": {"seconds": 0}}}, "window.seconds"),
+    ({"policy": {"speculation": {"min_gain": 0.5}}}, "speculation.min_gain"),
+    ({"policy": {"kind": "bandit"}}, "kind"),
+    ({"policy": {"alerts": {"overrides": {"X": "reboot"}}}}, "alerts.overrides.X"),
+    ({"name": "../default"}, "name"),
+    ({"name": "default", "force": True}, "force"),
+])
+def test_bad_policy_switch_is_400_and_leaves_the_policy_in_force(api, body, field):
+    url, controller, engine = api
+    before = _unchanged(controller, engine)
+    reply = httpx.put(f"{url}/admin/policy", json=body, headers=AUTH)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == field
+    assert _unchanged(controller, engine) == before
+    assert controller.store.count(Decision, action="policy_switch") == 0
+
+
+def test_malformed_webhook_json_is_400_and_records_nothing(api):
+    url, controller, engine = api
+    before = _unchanged(controller, engine)
+    reply = httpx.post(f"{url}/alerts", content=b'{"version": "4", "alerts": [', headers={
+        **AUTH, "Content-Type": "application/json"})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "body"
+    assert _unchanged(controller, engine) == before and controller.store.count(AlertRecord) == 0

@@ -1,10 +1,13 @@
 """Fallback to plain decoding when speculation's measured gain over plain misses the policy threshold, decided on
-probe windows of both modes, and no flapping back under stationary traffic (re-enable needs min_gain + hysteresis)."""
+probe windows of both modes, on a workload where speculation truly loses (hot prose, prompt lookup) and one where it
+pays (greedy code); no flapping back under stationary traffic (re-enable needs min_gain + hysteresis)."""
 import time
 
 from controller.store import Decision, Trial
+from engine.config import SamplingParams
+from engine.loadgen import prompt_set
 from tests.controller.conftest import fast_policy
-from tests.controller.traffic import ClosedLoopTraffic
+from tests.controller.traffic import GREEDY, ClosedLoopTraffic
 
 WINDOWS = 10
 
@@ -18,8 +21,10 @@ def _run(engine, controller, prompts, windows=WINDOWS):
 
 
 def test_speculation_falls_back_once_when_it_cannot_meet_the_threshold_and_does_not_flap(build, prompts):
-    # Speculation on this model is worth ~1.2-1.6x over plain; a threshold of 50x is one it cannot meet.
-    policy = fast_policy(speculation={"min_gain": 50.0, "hysteresis": 0.05, "reprobe_windows": 2})
+    # Speculation on this model is worth ~1.2-1.6x over plain; a threshold of 50x is one it cannot meet. Draft-length
+    # trials are kept out: the fallback is then measured against the k the engine started at.
+    policy = fast_policy(speculation={"min_gain": 50.0, "hysteresis": 0.05, "reprobe_windows": 2},
+                         trial={"min_predicted_gain": 100.0})
     engine, controller = build(policy, k=3)
     _run(engine, controller, prompts)
     store = controller.store
@@ -44,3 +49,41 @@ def test_speculation_that_pays_stays_on(build, prompts):
     assert probes and not store.rows(Decision, action="fallback")
     assert all(p["inputs"]["speculation_gain_over_plain"] >= 1.0 for p in probes)
     assert controller.current.speculative_len > 0
+
+
+# Measured on this machine (tokens per busy second, closed loop of 4, 48 tokens per request), n-gram drafting k=8 vs
+# plain: prose at temperature 1.5 138 vs 174 (0.79x, acceptance 2%); code at temperature 0 248 vs 182 (1.36x).
+# The default thresholds (fall back below 1.05x, re-enable above 1.10x) sit well between the two.
+HOT_PROSE = SamplingParams(max_tokens=48, temperature=1.5, ignore_eos=True)
+MAX_WINDOWS_PER_PHASE = 16
+
+
+def _run_until(engine, controller, prompts, params, action):
+    with ClosedLoopTraffic(engine, prompts, concurrency=4, params=params):
+        engine.snapshot()
+        for _ in range(MAX_WINDOWS_PER_PHASE):
+            time.sleep(controller.policy.window.seconds)
+            controller.tick()
+            if controller.store.count(Decision, action=action):
+                return
+
+
+def test_falls_back_on_hot_prose_where_prompt_lookup_loses_and_reenables_on_code(build, moe_models, prompts):
+    # Default speculation thresholds; draft-length trials are kept out so only the mode probes act.
+    policy = fast_policy(speculation={"min_gain": 1.05, "hysteresis": 0.05, "reprobe_windows": 2},
+                         trial={"min_predicted_gain": 100.0})
+    engine, controller = build(policy, k=8, method="ngram")
+    prose = [moe_models.tokenizer.encode(p.text) for p in prompt_set("prose", 16, seed=0, max_bytes=200)]
+
+    _run_until(engine, controller, prose, HOT_PROSE, "fallback")
+    fallback = controller.store.rows(Decision, action="fallback")
+    assert len(fallback) == 1, controller.store.rows(Decision)
+    assert fallback[0]["inputs"]["speculation_gain_over_plain"] < 1.05
+    assert engine.config.speculative_len == 0 and controller.last_known_good.speculative_len == 0
+
+    _run_until(engine, controller, prompts, GREEDY, "reenable")
+    reenable = controller.store.rows(Decision, action="reenable")
+    assert len(reenable) == 1, controller.store.rows(Decision)
+    assert reenable[0]["inputs"]["speculation_gain_over_plain"] >= 1.10
+    assert engine.config.spec_method == "ngram" and controller.last_known_good.spec_method == "ngram"
+    assert controller.store.count(Decision, action="fallback") == 1

@@ -1,5 +1,5 @@
-"""`governor control` as a real subprocess against a real engine server: kill -9 loses no recorded decision, and a
-restart resumes the last known good config."""
+"""`governor control` as a real subprocess against a real engine server: kill -9 while a trial is open loses no
+recorded decision, and a restart marks the trial interrupted and resumes the last known good config."""
 import os
 import re
 import signal
@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from controller.store import Decision, Store
+from controller.store import Decision, Store, Trial
 from engine.config import EngineConfig
 from engine.service import EngineService
 from tests.controller.conftest import fast_policy
@@ -50,32 +50,44 @@ def engine_server(moe_models):
         yield url
 
 
-def test_kill_9_loses_no_decision_and_restart_resumes_the_last_known_good(engine_server, tmp_path):
+def test_kill_9_mid_trial_loses_no_decision_and_restart_resumes_the_last_known_good(engine_server, tmp_path):
     url, db = engine_server, f"sqlite:///{tmp_path / 'governor.db'}"
     policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(fast_policy(speculation={"reprobe_windows": 3})))
+    policy.write_text(yaml.safe_dump(fast_policy(window={"seconds": 2.0}, speculation={"reprobe_windows": 3})))
     first = _control(url, policy, db)
-    reported = _read_decisions(first, lambda ds: sum(a in ("keep", "revert", "fallback") for _, a in ds) >= 2)
-    first.send_signal(signal.SIGKILL)
+    reported = _read_decisions(first, lambda ds: len(ds) > 1 and ds[-1][1] == "trial")
+    first.send_signal(signal.SIGKILL)      # a trial is open: its verdict comes a whole window later
     first.wait(timeout=10)
 
     store = Store(db)
-    recorded = {row["id"]: row["action"] for row in store.rows(Decision, 10_000)}
-    assert all(recorded.get(i) == action for i, action in reported), (reported, recorded)
-    good = store.last_known_good()
+    recorded = {row["id"]: row for row in store.rows(Decision, 10_000)}
+    assert all(recorded[i]["action"] == action for i, action in reported), (reported, recorded)
+    trial = _trial(store, recorded[reported[-1][0]]["trial_id"])
+    assert trial["outcome"] == "running"
+    good, on_trial = store.last_known_good(), store.config(trial["config_version"])
+    assert on_trial != good
+    _assert_serves(url, on_trial)       # the engine keeps the trial's config while no controller runs
 
-    httpx.put(f"{url}/admin/config", json={"spec_method": "draft_model", "draft_len": 8}, headers=AUTH)
     second = _control(url, policy, db)
     try:
         resumed = _read_decisions(second, lambda ds: any(a == "resume" for _, a in ds))
         assert resumed[0][1] == "resume"
-        deadline = time.monotonic() + 10     # the engine adopts a config at its next step
-        while (served := httpx.get(f"{url}/admin/config").json()) != good.model_dump() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert served == good.model_dump(), (served, good)
+        assert _trial(Store(db), trial["id"])["outcome"] == "interrupted"
+        _assert_serves(url, good)
     finally:
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=30) == 0
+
+
+def _assert_serves(url: str, config: EngineConfig) -> None:
+    deadline = time.monotonic() + 10     # the engine adopts a config at its next step
+    while (served := httpx.get(f"{url}/admin/config").json()) != config.model_dump() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert served == config.model_dump(), (served, config)
+
+
+def _trial(store: Store, trial_id: int) -> dict:
+    return next(t for t in store.rows(Trial, 10_000) if t["id"] == trial_id)
 
 
 @pytest.mark.parametrize("flags, message", [
