@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import socket
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +25,7 @@ from controller.store import Decision
 from engine.bench import report
 from engine.config import EngineConfig
 from engine.loadgen import LoadResult, Phase, run_phases
+from engine.local_server import serving_in_thread
 from policies import Policy, PolicyError, load_policy
 
 STATIC = {"plain": EngineConfig(spec_method="off", draft_len=0),
@@ -149,28 +147,10 @@ def _load(url: str, phases: list[Phase]) -> LoadResult:
     return asyncio.run(run_phases(url, phases, seed=0, drain_timeout_s=30.0))
 
 
-@contextlib.contextmanager
 def _serving(service, admin_router):
-    import uvicorn
-
     from engine.api import create_app
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    app = create_app(service, "governor-moe", None, admin_router=admin_router)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    service.start()
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        service.stop()
+    return serving_in_thread(create_app(service, "governor-moe", None, admin_router=admin_router), service)
 
 
 def _decision(row: dict, seconds: float) -> dict:

@@ -12,9 +12,9 @@ from controller import Controller, InProcessClient, Store
 from dashboards.web import create_dashboard_router, dashboard_state
 from engine.config import EngineConfig
 from engine.live import LiveTelemetry
+from engine.local_server import free_port
 from policies import parse_policy
 from tests.controller.conftest import fast_policy
-from tests.controller.server import free_port
 from tests.engine.helpers import make_engine
 
 

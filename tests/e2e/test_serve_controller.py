@@ -9,8 +9,9 @@ import time
 import httpx
 import yaml
 
+from engine.local_server import free_port
 from tests.controller.conftest import fast_policy
-from tests.controller.server import AUTH, ROOT, TOKEN, free_port
+from tests.controller.server import AUTH, ROOT, TOKEN
 from tests.controller.traffic import HttpTraffic
 
 ENV = {**os.environ, "GOVERNOR_ADMIN_TOKEN": TOKEN, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
