@@ -84,13 +84,14 @@ class Telemetry:
                     dropped_per_layer: torch.Tensor | None = None, all_to_all_seconds: float = 0.0) -> None:
         """MoE figures (None for dense targets): expert_tokens [layers, experts], slot_tokens [layers, slots],
         rank_tokens [layers, ranks], dropped_per_layer [layers], all counted in (token, expert) pairs."""
+        step_balancedness = _balancedness_of(rank_tokens) if self._sinks else {}
         for sink in self._sinks:
             sink.record_step(batch_size=batch_size, queue_depth=queue_depth, step_seconds=step_seconds,
                              target_seconds=target_seconds, draft_seconds=draft_seconds,
                              drafted_per_position=drafted_per_position, accepted_per_position=accepted_per_position,
                              num_drafts=num_drafts, prefill_tokens=prefill_tokens, expert_tokens=expert_tokens,
                              slot_tokens=slot_tokens, rank_tokens=rank_tokens, dropped_per_layer=dropped_per_layer,
-                             all_to_all_seconds=all_to_all_seconds, **_balancedness_of(rank_tokens))
+                             all_to_all_seconds=all_to_all_seconds, **step_balancedness)
         with self._lock:
             acc = self._acc
             acc.steps += 1
