@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.batch import SequenceChunk, build_forward_batch
-from engine.config import EngineConfig, SamplingParams
+from engine.config import EngineConfig, Experiment, SamplingParams
 from engine.drafters import Drafter, Drafts, ModelDrafter, NgramDrafter
 from engine.experts import ExpertRuntime, StepCounts, expert_topology
 from engine.kv_cache import BlockAllocator, KVCache
@@ -23,6 +23,7 @@ from engine.placement import PlacementError, Topology, check_placement, identity
 from engine.sampling import probs_from_logits, uniforms
 from engine.scheduler import Scheduled, Scheduler
 from engine.sequence import Sequence
+from engine.switchback import Switchback
 from engine.telemetry import Telemetry, TelemetrySink
 from engine.tokenizer import Tokenizer
 from engine.window import Window
@@ -94,20 +95,23 @@ class Engine:
             self.experts = ExpertRuntime(target, topology, ep.exchange if ep is not None else LOCAL)
         self._config_lock = threading.Lock()
         self._check(config)
-        self._pending = None
+        self._pending: EngineConfig | Experiment | None = None
+        self.switchback: Switchback | None = None
         self._take(config)
 
     # -- the seam ---------------------------------------------------------------------------------
 
-    def apply(self, config: EngineConfig) -> None:
-        """Take config into use between two steps; requests in flight continue."""
-        self._check(config)
+    def apply(self, change: EngineConfig | Experiment) -> None:
+        """Take a config into use between two steps, or start alternating an Experiment's two configs in blocks
+        (a later config ends it); requests in flight continue."""
+        for config in (change.incumbent, change.candidate) if isinstance(change, Experiment) else (change,):
+            self._check(config)
         with self._config_lock:
-            self._pending = config
+            self._pending = change
 
     def snapshot(self) -> Window:
         with self._config_lock:
-            config = self._pending or self.config
+            config = self._pending if isinstance(self._pending, EngineConfig) else self.config
         return self.telemetry.snapshot(config)
 
     # -- requests ---------------------------------------------------------------------------------
@@ -188,6 +192,8 @@ class Engine:
             emissions.append(self._deliver(seq, proposed[:accepted] + [next_token], now))
         self._record_step(plan, drafting, draft_lists, num_accepted, sampling, queue_depth,
                           time.perf_counter() - started, target_seconds, draft_seconds, expert_counts)
+        if self.switchback is not None:
+            self.switchback.stepped()
         return emissions
 
     def _drafter_for(self, config: EngineConfig) -> Drafter | None:
@@ -341,9 +347,19 @@ class Engine:
 
     def _adopt_pending_config(self) -> None:
         with self._config_lock:
-            config, self._pending = self._pending, None
-        if config is not None:
-            self._take(config)
+            change, self._pending = self._pending, None
+        if change is not None and self.switchback is not None:
+            self.switchback = None
+            self.telemetry.end_experiment()
+        if isinstance(change, Experiment):
+            self.switchback = Switchback(change)
+        elif change is not None:
+            self._take(change)
+        block = self.switchback.due() if self.switchback is not None else None
+        if block is not None:
+            self.telemetry.begin_block(block.index, block.arm, block.config)
+            if block.config != self.config:
+                self._take(block.config)
 
     def _take(self, config: EngineConfig) -> None:
         if self.experts is not None:

@@ -12,7 +12,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.placement import balancedness
-from engine.window import LatencySummary, Window
+from engine.window import Block, LatencySummary, Window
 
 MAX_SAMPLES = 50_000  # per window and distribution; an unread window keeps the latest ones
 
@@ -46,6 +46,77 @@ class _Accumulator:
     all_to_all_seconds: float = 0.0
     replacement_seconds: float = 0.0
 
+    def add_step(self, batch_size: int, queue_depth: int, step_seconds: float, target_seconds: float,
+                 draft_seconds: float, drafted_per_position: list[int], accepted_per_position: list[int],
+                 num_drafts: int, prefill_tokens: int, expert_tokens: torch.Tensor | None,
+                 slot_tokens: torch.Tensor | None, rank_tokens: torch.Tensor | None,
+                 dropped_per_layer: torch.Tensor | None, all_to_all_seconds: float) -> None:
+        self.steps += 1
+        self.batch_sizes.append(batch_size)
+        self.queue_depths.append(queue_depth)
+        self.step_seconds += step_seconds
+        self.target_forward_seconds += target_seconds
+        self.draft_forward_seconds += draft_seconds
+        self.num_drafts += num_drafts
+        self.prefill_tokens += prefill_tokens
+        _add_per_position(self.drafted_per_position, drafted_per_position)
+        _add_per_position(self.accepted_per_position, accepted_per_position)
+        self.all_to_all_seconds += all_to_all_seconds
+        self.expert_tokens = _add(self.expert_tokens, expert_tokens)
+        self.slot_tokens = _add(self.slot_tokens, slot_tokens)
+        self.rank_tokens = _add(self.rank_tokens, rank_tokens)
+        self.dropped_per_layer = _add(self.dropped_per_layer, dropped_per_layer)
+
+    def add_tokens(self, count: int, ttft: float | None, gap: float | None) -> None:
+        self.emitted_tokens += count
+        if ttft is not None:
+            self.ttft.append(ttft)
+        if gap is not None:
+            self.inter_token.extend([gap / count] * count)
+
+    def add_finished(self, e2e: float) -> None:
+        self.finished_requests += 1
+        self.e2e.append(e2e)
+
+    def window(self, config: EngineConfig, **extra) -> Window:
+        sizes, depths = self.batch_sizes or [0], self.queue_depths or [0]
+        return Window(
+            start=self.start, end=time.time(), config_version=config.version, spec_method=config.spec_method,
+            draft_len=config.speculative_len, steps=self.steps, num_drafts=self.num_drafts,
+            drafted_tokens=sum(self.drafted_per_position), accepted_tokens=sum(self.accepted_per_position),
+            drafted_per_position=self.drafted_per_position, accepted_per_position=self.accepted_per_position,
+            emitted_tokens=self.emitted_tokens, prefill_tokens=self.prefill_tokens,
+            finished_requests=self.finished_requests, target_forward_seconds=self.target_forward_seconds,
+            draft_forward_seconds=self.draft_forward_seconds, step_seconds=self.step_seconds,
+            ttft_seconds=LatencySummary.of(list(self.ttft)),
+            inter_token_seconds=LatencySummary.of(list(self.inter_token)),
+            e2e_seconds=LatencySummary.of(list(self.e2e)), batch_size_mean=sum(sizes) / len(sizes),
+            batch_size_max=max(sizes), queue_depth_mean=sum(depths) / len(depths), queue_depth_max=max(depths),
+            expert_tokens=_listed(self.expert_tokens), slot_tokens=_listed(self.slot_tokens),
+            rank_tokens=_listed(self.rank_tokens),
+            dropped_tokens=0 if self.dropped_per_layer is None else int(self.dropped_per_layer.sum()),
+            dropped_per_layer=_listed(self.dropped_per_layer),
+            **_balancedness_of(self.rank_tokens),
+            all_to_all_seconds=self.all_to_all_seconds, capacity_factor=config.capacity_factor,
+            replacement_seconds=self.replacement_seconds, **extra)
+
+
+@dataclass
+class _BlockAccumulator:
+    """One switchback block in progress."""
+    index: int
+    arm: str
+    config_version: int
+    steps: int = 0
+    emitted_tokens: int = 0
+    busy_seconds: float = 0.0
+    gap_seconds: float = 0.0
+    gap_tokens: int = 0
+
+    def closed(self) -> Block:
+        return Block(self.index, self.arm, self.config_version, self.steps, self.emitted_tokens, self.busy_seconds,
+                     self.gap_seconds / self.gap_tokens if self.gap_tokens else None)
+
 
 def _add_per_position(totals: list[int], counts: list[int]) -> None:
     totals.extend([0] * (len(counts) - len(totals)))
@@ -66,16 +137,39 @@ class TelemetrySink(Protocol):
 
 
 class Telemetry:
-    """Written by the engine thread, read by anyone through snapshot(); thread-safe."""
+    """Written by the engine thread, read by anyone through snapshot(); thread-safe. While an Experiment runs, every
+    measurement also goes to its arm's accumulator and to the block in progress."""
 
     def __init__(self, sinks: Sequence[TelemetrySink] = ()):
         self._lock = threading.Lock()
         self._acc = _Accumulator()
         self._sinks = tuple(sinks)
+        self._arms: dict[str, tuple[EngineConfig, _Accumulator]] = {}
+        self._block: _BlockAccumulator | None = None
+        self._blocks: list[Block] = []
 
     def record_config(self, config: EngineConfig) -> None:
         for sink in self._sinks:
             sink.record_config(config)
+
+    def begin_block(self, index: int, arm: str, config: EngineConfig) -> None:
+        """Close the switchback block in progress (if any) and start block index under arm."""
+        with self._lock:
+            if self._block is not None:
+                self._blocks.append(self._block.closed())
+            previous = self._arms.get(arm)
+            self._arms[arm] = (config, previous[1] if previous else _Accumulator())
+            self._block = _BlockAccumulator(index, arm, config.version)
+
+    def end_experiment(self) -> None:
+        """The experiment is over: its unfinished block and the per-arm figures not yet read are dropped."""
+        with self._lock:
+            self._arms, self._block, self._blocks = {}, None, []
+
+    def _targets(self) -> list[_Accumulator]:
+        if self._block is None:
+            return [self._acc]
+        return [self._acc, self._arms[self._block.arm][1]]
 
     def record_step(self, *, batch_size: int, queue_depth: int, step_seconds: float, target_seconds: float,
                     draft_seconds: float, drafted_per_position: list[int], accepted_per_position: list[int],
@@ -93,22 +187,13 @@ class Telemetry:
                              slot_tokens=slot_tokens, rank_tokens=rank_tokens, dropped_per_layer=dropped_per_layer,
                              all_to_all_seconds=all_to_all_seconds, **step_balancedness)
         with self._lock:
-            acc = self._acc
-            acc.steps += 1
-            acc.batch_sizes.append(batch_size)
-            acc.queue_depths.append(queue_depth)
-            acc.step_seconds += step_seconds
-            acc.target_forward_seconds += target_seconds
-            acc.draft_forward_seconds += draft_seconds
-            acc.num_drafts += num_drafts
-            acc.prefill_tokens += prefill_tokens
-            _add_per_position(acc.drafted_per_position, drafted_per_position)
-            _add_per_position(acc.accepted_per_position, accepted_per_position)
-            acc.all_to_all_seconds += all_to_all_seconds
-            acc.expert_tokens = _add(acc.expert_tokens, expert_tokens)
-            acc.slot_tokens = _add(acc.slot_tokens, slot_tokens)
-            acc.rank_tokens = _add(acc.rank_tokens, rank_tokens)
-            acc.dropped_per_layer = _add(acc.dropped_per_layer, dropped_per_layer)
+            for acc in self._targets():
+                acc.add_step(batch_size, queue_depth, step_seconds, target_seconds, draft_seconds,
+                             drafted_per_position, accepted_per_position, num_drafts, prefill_tokens, expert_tokens,
+                             slot_tokens, rank_tokens, dropped_per_layer, all_to_all_seconds)
+            if self._block is not None:
+                self._block.steps += 1
+                self._block.busy_seconds += step_seconds
 
     def record_replacement(self, seconds: float) -> None:
         """Serving stalled this long while expert weights moved to a new placement."""
@@ -120,41 +205,33 @@ class Telemetry:
         for sink in self._sinks:
             sink.record_tokens(count=count, ttft=ttft, gap=gap)
         with self._lock:
-            self._acc.emitted_tokens += count
-            if ttft is not None:
-                self._acc.ttft.append(ttft)
-            if gap is not None:
-                self._acc.inter_token.extend([gap / count] * count)
+            for acc in self._targets():
+                acc.add_tokens(count, ttft, gap)
+            if self._block is not None:
+                self._block.emitted_tokens += count
+                if gap is not None:
+                    self._block.gap_seconds += gap
+                    self._block.gap_tokens += count
 
     def record_finished(self, e2e: float) -> None:
         for sink in self._sinks:
             sink.record_finished(e2e)
         with self._lock:
-            self._acc.finished_requests += 1
-            self._acc.e2e.append(e2e)
+            for acc in self._targets():
+                acc.add_finished(e2e)
 
     def snapshot(self, config: EngineConfig) -> Window:
+        """The Window since the last snapshot; while an experiment runs, with its completed blocks and per-arm
+        Windows (a block still in progress is reported by a later snapshot)."""
         with self._lock:
             acc, self._acc = self._acc, _Accumulator()
-        sizes, depths = acc.batch_sizes or [0], acc.queue_depths or [0]
-        return Window(
-            start=acc.start, end=time.time(), config_version=config.version, spec_method=config.spec_method,
-            draft_len=config.speculative_len, steps=acc.steps, num_drafts=acc.num_drafts,
-            drafted_tokens=sum(acc.drafted_per_position), accepted_tokens=sum(acc.accepted_per_position),
-            drafted_per_position=acc.drafted_per_position, accepted_per_position=acc.accepted_per_position,
-            emitted_tokens=acc.emitted_tokens, prefill_tokens=acc.prefill_tokens,
-            finished_requests=acc.finished_requests, target_forward_seconds=acc.target_forward_seconds,
-            draft_forward_seconds=acc.draft_forward_seconds, step_seconds=acc.step_seconds,
-            ttft_seconds=LatencySummary.of(list(acc.ttft)), inter_token_seconds=LatencySummary.of(list(acc.inter_token)),
-            e2e_seconds=LatencySummary.of(list(acc.e2e)), batch_size_mean=sum(sizes) / len(sizes),
-            batch_size_max=max(sizes), queue_depth_mean=sum(depths) / len(depths), queue_depth_max=max(depths),
-            expert_tokens=_listed(acc.expert_tokens), slot_tokens=_listed(acc.slot_tokens),
-            rank_tokens=_listed(acc.rank_tokens),
-            dropped_tokens=0 if acc.dropped_per_layer is None else int(acc.dropped_per_layer.sum()),
-            dropped_per_layer=_listed(acc.dropped_per_layer),
-            **_balancedness_of(acc.rank_tokens),
-            all_to_all_seconds=acc.all_to_all_seconds, capacity_factor=config.capacity_factor,
-            replacement_seconds=acc.replacement_seconds)
+            arms = {name: (arm_config, arm_acc) for name, (arm_config, arm_acc) in self._arms.items()}
+            self._arms = {name: (arm_config, _Accumulator()) for name, (arm_config, _) in arms.items()}
+            blocks, self._blocks = self._blocks, []
+        if not arms:
+            return acc.window(config)
+        return acc.window(config, blocks=blocks, arms={name: arm_acc.window(arm_config)
+                                                        for name, (arm_config, arm_acc) in arms.items()})
 
 
 def _add(total: torch.Tensor | None, step: torch.Tensor | None) -> torch.Tensor | None:
