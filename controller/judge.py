@@ -1,0 +1,150 @@
+"""The switchback judge: decides a trial from per-block samples of tokens per busy second.
+
+Blocks 2j and 2j + 1 of an Experiment ran back to back, one under each arm (ABBA order), so they saw the same
+traffic; their log ratio (candidate over incumbent) cancels drift. The test is a one-sample t-test of those paired
+log ratios (scipy.stats.ttest_1samp), whose confidence interval, exponentiated, bounds the ratio
+candidate / incumbent. Three outcomes:
+- better: the interval's lower bound clears keep_gain (keep the candidate);
+- worse: its upper bound is below keep_gain (the candidate cannot clear the bar: revert);
+- no_difference: the interval lies within keep_gain x [1 / (1 + margin), 1 + margin] (stop, keep the incumbent);
+otherwise the trial goes on, up to max_blocks, and then ends inconclusive (keep the incumbent).
+Looks happen every min_samples pairs; with K = max_blocks // (2 * min_samples) planned looks, each look uses
+confidence 1 - (1 - confidence) / K (Bonferroni), so stopping at the first decisive look keeps the error rate
+within 1 - confidence however many looks are taken.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from scipy import stats
+
+from engine.window import Block
+from policies import JudgePolicy
+
+BETTER, WORSE, NO_DIFFERENCE, INCONCLUSIVE = "better", "worse", "no_difference", "inconclusive"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Candidate / incumbent tokens per busy second over paired blocks: the geometric mean ratio and its interval."""
+    effect: float
+    low: float
+    high: float
+    p_value: float
+
+
+def compare(incumbent: Iterable[float], candidate: Iterable[float], confidence: float) -> Comparison | None:
+    """Paired comparison of per-block samples (pair i = incumbent[i], candidate[i]); None if it cannot be tested
+    (fewer than 2 pairs, a sample <= 0, or every pair with the same ratio)."""
+    incumbent, candidate = np.asarray(list(incumbent), float), np.asarray(list(candidate), float)
+    if len(incumbent) < 2 or (incumbent <= 0).any() or (candidate <= 0).any():
+        return None
+    log_ratios = np.log(candidate) - np.log(incumbent)
+    if np.ptp(log_ratios) == 0:
+        return None
+    result = stats.ttest_1samp(log_ratios, 0.0)
+    interval = result.confidence_interval(confidence)
+    return Comparison(math.exp(float(log_ratios.mean())), math.exp(interval.low), math.exp(interval.high),
+                      float(result.pvalue))
+
+
+def classify(comparison: Comparison, keep_gain: float, margin: float) -> str | None:
+    """The outcome this interval decides, or None if it decides nothing yet."""
+    if comparison.low >= keep_gain:
+        return BETTER
+    if comparison.high < keep_gain:
+        return WORSE
+    if comparison.low >= keep_gain / (1 + margin) and comparison.high <= keep_gain * (1 + margin):
+        return NO_DIFFERENCE
+    return None
+
+
+@dataclass
+class Verdict:
+    """What a look found; outcome None means the trial goes on."""
+    outcome: str | None
+    reason: str
+    pairs: int
+    blocks: int
+    look: int
+    looks: int
+    look_confidence: float
+    keep_gain: float
+    comparison: Comparison | None = None
+    samples: dict = field(default_factory=dict)
+
+    @property
+    def decided(self) -> bool:
+        return self.outcome is not None
+
+    def evidence(self) -> dict:
+        """The figures a decision records as its inputs."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("comparison", "reason")}
+        out["comparison"] = None if self.comparison is None else {
+            "effect": round(self.comparison.effect, 4), "interval": [round(self.comparison.low, 4),
+                                                                     round(self.comparison.high, 4)],
+            "p_value": self.comparison.p_value}
+        out["test"] = "one-sample t-test of paired log(candidate / incumbent) block ratios (scipy.stats.ttest_1samp)"
+        return out
+
+
+class SwitchbackJudge:
+    def __init__(self, settings: JudgePolicy, keep_gain: float):
+        self.settings, self.keep_gain = settings, keep_gain
+        self.looks = max(1, settings.max_blocks // (2 * settings.min_samples))
+        self.look_confidence = 1 - (1 - settings.confidence) / self.looks
+        self._blocks: dict[tuple[str, int], Block] = {}
+        self._looked = 0
+
+    def add(self, blocks: Iterable[Block]) -> None:
+        for block in blocks:
+            self._blocks[(block.source, block.index)] = block
+
+    def pairs(self) -> list[tuple[Block, Block]]:
+        """(incumbent, candidate) blocks of each complete pair whose blocks both emitted tokens."""
+        out = []
+        for (source, index), first in sorted(self._blocks.items()):
+            second = self._blocks.get((source, index + 1))
+            if index % 2 or second is None or first.arm == second.arm:
+                continue
+            incumbent, candidate = (first, second) if first.arm == "incumbent" else (second, first)
+            if incumbent.tokens_per_busy_second > 0 and candidate.tokens_per_busy_second > 0:
+                out.append((incumbent, candidate))
+        return out
+
+    def look(self) -> Verdict | None:
+        """A verdict at each planned look (every min_samples pairs), None between looks. The last look (max_blocks
+        reached) always decides: inconclusive if the evidence is not decisive by then."""
+        pairs, blocks = self.pairs(), len(self._blocks)
+        exhausted = blocks >= self.settings.max_blocks
+        if not exhausted and len(pairs) < (self._looked + 1) * self.settings.min_samples:
+            return None
+        self._looked += 1
+        final = exhausted or self._looked >= self.looks
+        incumbent = [i.tokens_per_busy_second for i, _ in pairs]
+        candidate = [c.tokens_per_busy_second for _, c in pairs]
+        comparison = compare(incumbent, candidate, self.look_confidence)
+        outcome = None if comparison is None else classify(comparison, self.keep_gain, self.settings.margin)
+        if outcome is None and final:
+            outcome = INCONCLUSIVE
+        return Verdict(outcome, self._reason(outcome, comparison, len(pairs)), len(pairs), blocks, self._looked,
+                       self.looks, self.look_confidence, self.keep_gain, comparison,
+                       {"incumbent_tokens_per_busy_second": [round(x, 2) for x in incumbent],
+                        "candidate_tokens_per_busy_second": [round(x, 2) for x in candidate],
+                        "incumbent_inter_token_seconds": [i.inter_token_seconds for i, _ in pairs],
+                        "candidate_inter_token_seconds": [c.inter_token_seconds for _, c in pairs]})
+
+    def _reason(self, outcome: str | None, comparison: Comparison | None, pairs: int) -> str:
+        if comparison is None:
+            return f"{pairs} block pairs: too few to test" + (", trial ends inconclusive" if outcome else "")
+        measured = (f"candidate / incumbent {comparison.effect:.3f}x, {self.look_confidence:.2%} interval "
+                    f"[{comparison.low:.3f}, {comparison.high:.3f}], p = {comparison.p_value:.3g}, {pairs} block pairs "
+                    f"(look {self._looked} of {self.looks})")
+        verdicts = {BETTER: f"lower bound clears {self.keep_gain:.3f}x", WORSE: f"upper bound below {self.keep_gain:.3f}x",
+                    NO_DIFFERENCE: f"within {self.keep_gain:.3f}x +/- {self.settings.margin:.0%}: no difference",
+                    INCONCLUSIVE: f"not decisive after {self.settings.max_blocks} blocks: inconclusive",
+                    None: "not decisive yet"}
+        return f"{measured}: {verdicts[outcome]}"
