@@ -23,7 +23,7 @@ from controller.cli import build_control_plane
 from controller.clients import InProcessClient
 from controller.store import Decision
 from engine.bench import report
-from engine.config import EngineConfig
+from engine.config import EngineConfig, Experiment
 from engine.loadgen import LoadResult, Phase, run_phases
 from engine.local_server import serving_in_thread
 from policies import Policy, PolicyError, load_policy
@@ -107,9 +107,11 @@ class _RecordingClient(InProcessClient):
         super().__init__(engine)
         self.applies = applies
 
-    def apply(self, config: EngineConfig) -> None:
-        super().apply(config)
-        self.applies.append({"time": time.time(), "config": _label(config), "version": config.version})
+    def apply(self, change: EngineConfig | Experiment) -> None:
+        super().apply(change)
+        config = change.candidate if isinstance(change, Experiment) else change
+        label = f"trial {_label(config)}" if isinstance(change, Experiment) else _label(config)
+        self.applies.append({"time": time.time(), "config": label, "version": config.version})
 
 
 def _run_arm(name: str, models, phases: list[Phase], policy: Policy) -> Arm:

@@ -7,7 +7,7 @@ from typing import Protocol
 import httpx
 
 from controller.windows import merge_windows, window_from_dict
-from engine.config import EngineConfig
+from engine.config import EngineConfig, Experiment
 from engine.engine import Engine
 from engine.window import Window
 
@@ -20,8 +20,8 @@ class EngineClient(Protocol):
     def snapshot(self) -> Window:
         """Close the engine's current window and return it (the controller is its only reader)."""
 
-    def apply(self, config: EngineConfig) -> None:
-        """Take config into use between two steps."""
+    def apply(self, change: EngineConfig | Experiment) -> None:
+        """Take a config into use between two steps, or start a switchback Experiment (a later config ends it)."""
 
     def config(self) -> EngineConfig:
         """The config in use (or pending)."""
@@ -34,9 +34,9 @@ class InProcessClient:
     def snapshot(self) -> Window:
         return self.engine.snapshot()
 
-    def apply(self, config: EngineConfig) -> None:
+    def apply(self, change: EngineConfig | Experiment) -> None:
         try:
-            self.engine.apply(config)
+            self.engine.apply(change)
         except ValueError as error:
             raise EngineClientError(str(error)) from error
 
@@ -64,11 +64,12 @@ class HttpClient:
         return reply.json()
 
     def snapshot(self) -> Window:
-        return merge_windows([window_from_dict(self._call("GET", f"{url}/admin/window")) for url in self.urls])
+        return merge_windows([window_from_dict(self._call("GET", f"{url}/admin/window"), url) for url in self.urls])
 
-    def apply(self, config: EngineConfig) -> None:
+    def apply(self, change: EngineConfig | Experiment) -> None:
+        path = "experiment" if isinstance(change, Experiment) else "config"
         for url in self.urls:
-            self._call("PUT", f"{url}/admin/config", content=config.model_dump_json())
+            self._call("PUT", f"{url}/admin/{path}", content=change.model_dump_json())
 
     def config(self) -> EngineConfig:
         return EngineConfig.model_validate(self._call("GET", f"{self.urls[0]}/admin/config"))

@@ -1,9 +1,9 @@
 """The switchback judge: decides a trial from per-block samples of tokens per busy second.
 
 Blocks 2j and 2j + 1 of an Experiment ran back to back, one under each arm (ABBA order), so they saw the same
-traffic; their log ratio (candidate over incumbent) cancels drift. The test is a one-sample t-test of those paired
-log ratios (scipy.stats.ttest_1samp), whose confidence interval, exponentiated, bounds the ratio
-candidate / incumbent. Three outcomes:
+traffic; their log ratio (candidate over incumbent) cancels drift. The test is the Wilcoxon signed-rank test of
+those paired log ratios (scipy.stats.wilcoxon: robust to the odd block that a long prefill slowed down), with the
+Hodges-Lehmann estimate of the ratio and the interval of ratios the test does not reject. Three outcomes:
 - better: the interval's lower bound clears keep_gain (keep the candidate);
 - worse: its upper bound is below keep_gain (the candidate cannot clear the bar: revert);
 - no_difference: the interval lies within keep_gain x [1 / (1 + margin), 1 + margin] (stop, keep the incumbent);
@@ -25,11 +25,13 @@ from engine.window import Block
 from policies import JudgePolicy
 
 BETTER, WORSE, NO_DIFFERENCE, INCONCLUSIVE = "better", "worse", "no_difference", "inconclusive"
+EXACT_UP_TO = 25      # pairs up to which the signed-rank test uses its exact null distribution
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """Candidate / incumbent tokens per busy second over paired blocks: the geometric mean ratio and its interval."""
+    """Candidate / incumbent tokens per busy second over paired blocks: the Hodges-Lehmann estimate of the ratio,
+    its confidence interval, and the signed-rank p-value of "no difference"."""
     effect: float
     low: float
     high: float
@@ -37,27 +39,63 @@ class Comparison:
 
 
 def compare(incumbent: Iterable[float], candidate: Iterable[float], confidence: float) -> Comparison | None:
-    """Paired comparison of per-block samples (pair i = incumbent[i], candidate[i]); None if it cannot be tested
-    (fewer than 2 pairs, a sample <= 0, or every pair with the same ratio)."""
+    """Paired comparison of per-block samples (pair i = incumbent[i], candidate[i]) by the Wilcoxon signed-rank test
+    on log ratios; the interval is the set of ratios that test does not reject (each side at (1 - confidence) / 2).
+    None if it cannot be tested (fewer than 2 pairs, a sample <= 0, or every pair with the same ratio)."""
     incumbent, candidate = np.asarray(list(incumbent), float), np.asarray(list(candidate), float)
     if len(incumbent) < 2 or (incumbent <= 0).any() or (candidate <= 0).any():
         return None
     log_ratios = np.log(candidate) - np.log(incumbent)
     if np.ptp(log_ratios) == 0:
         return None
-    result = stats.ttest_1samp(log_ratios, 0.0)
-    interval = result.confidence_interval(confidence)
-    return Comparison(math.exp(float(log_ratios.mean())), math.exp(interval.low), math.exp(interval.high),
-                      float(result.pvalue))
+    walsh = np.add.outer(log_ratios, log_ratios)[np.triu_indices(len(log_ratios))] / 2
+    alpha = (1 - confidence) / 2
+    low = _bound(log_ratios, lambda shift: _p(log_ratios - shift, "greater") < alpha, rejected_below=True)
+    high = _bound(log_ratios, lambda shift: _p(log_ratios - shift, "less") < alpha, rejected_below=False)
+    return Comparison(math.exp(float(np.median(walsh))), math.exp(low), math.exp(high),
+                      _p(log_ratios, "two-sided"))
 
 
-def classify(comparison: Comparison, keep_gain: float, margin: float) -> str | None:
-    """The outcome this interval decides, or None if it decides nothing yet."""
-    if comparison.low >= keep_gain:
+def _bound(log_ratios: np.ndarray, rejected, rejected_below: bool, steps: int = 40) -> float:
+    """Where the test stops rejecting a shift: the interval's lower end (shifts below it rejected) or upper end
+    (shifts above it rejected), by bisection between the smallest and largest log ratio; +-inf if no shift there
+    is rejected."""
+    inside, outside = (log_ratios.max(), log_ratios.min() - 1e-9) if rejected_below else \
+        (log_ratios.min(), log_ratios.max() + 1e-9)
+    if not rejected(outside):
+        return -math.inf if rejected_below else math.inf
+    for _ in range(steps):
+        middle = (inside + outside) / 2
+        inside, outside = (inside, middle) if rejected(middle) else (middle, outside)
+    return float(outside)
+
+
+def _p(differences: np.ndarray, alternative: str) -> float:
+    """The exact null distribution for small samples without ties or zeros, the normal approximation otherwise
+    (scipy's own default would fall back to a slow permutation test on ties)."""
+    if not differences.any():
+        return 1.0
+    magnitudes = np.abs(differences)
+    exact = len(differences) <= EXACT_UP_TO and magnitudes.all() and len(np.unique(magnitudes)) == len(magnitudes)
+    return float(stats.wilcoxon(differences, alternative=alternative, method="exact" if exact else "approx").pvalue)
+
+
+def classify(incumbent: Iterable[float], candidate: Iterable[float], confidence: float, keep_gain: float,
+             margin: float) -> str | None:
+    """The outcome the signed-rank test decides at this confidence, or None if it decides nothing yet: better if
+    "ratio <= keep_gain" is rejected, worse if "ratio >= keep_gain" is, no difference if both "ratio <= keep_gain /
+    (1 + margin)" and "ratio >= keep_gain x (1 + margin)" are (two one-sided tests). The same as asking where
+    compare()'s interval lies, without computing it."""
+    incumbent, candidate = np.asarray(list(incumbent), float), np.asarray(list(candidate), float)
+    if len(incumbent) < 2 or (incumbent <= 0).any() or (candidate <= 0).any():
+        return None
+    log_ratios, alpha, bar = np.log(candidate) - np.log(incumbent), (1 - confidence) / 2, math.log(keep_gain)
+    if _p(log_ratios - bar, "greater") < alpha:
         return BETTER
-    if comparison.high < keep_gain:
+    if _p(log_ratios - bar, "less") < alpha:
         return WORSE
-    if comparison.low >= keep_gain / (1 + margin) and comparison.high <= keep_gain * (1 + margin):
+    band = math.log(1 + margin)
+    if _p(log_ratios - bar + band, "greater") < alpha and _p(log_ratios - bar - band, "less") < alpha:
         return NO_DIFFERENCE
     return None
 
@@ -87,7 +125,8 @@ class Verdict:
             "effect": round(self.comparison.effect, 4), "interval": [round(self.comparison.low, 4),
                                                                      round(self.comparison.high, 4)],
             "p_value": self.comparison.p_value}
-        out["test"] = "one-sample t-test of paired log(candidate / incumbent) block ratios (scipy.stats.ttest_1samp)"
+        out["test"] = ("Wilcoxon signed-rank test of paired log(candidate / incumbent) block ratios "
+                       "(scipy.stats.wilcoxon); Hodges-Lehmann effect; interval by inverting the test")
         return out
 
 
@@ -126,25 +165,26 @@ class SwitchbackJudge:
         final = exhausted or self._looked >= self.looks
         incumbent = [i.tokens_per_busy_second for i, _ in pairs]
         candidate = [c.tokens_per_busy_second for _, c in pairs]
+        outcome = classify(incumbent, candidate, self.look_confidence, self.keep_gain, self.settings.margin)
+        if outcome is None and not final:
+            return Verdict(None, "not decisive yet", len(pairs), blocks, self._looked, self.looks,
+                           self.look_confidence, self.keep_gain)
+        outcome = outcome or INCONCLUSIVE
         comparison = compare(incumbent, candidate, self.look_confidence)
-        outcome = None if comparison is None else classify(comparison, self.keep_gain, self.settings.margin)
-        if outcome is None and final:
-            outcome = INCONCLUSIVE
-        return Verdict(outcome, self._reason(outcome, comparison, len(pairs)), len(pairs), blocks, self._looked,
+        return Verdict(outcome, self._reason(outcome, comparison, len(pairs), blocks), len(pairs), blocks, self._looked,
                        self.looks, self.look_confidence, self.keep_gain, comparison,
                        {"incumbent_tokens_per_busy_second": [round(x, 2) for x in incumbent],
                         "candidate_tokens_per_busy_second": [round(x, 2) for x in candidate],
                         "incumbent_inter_token_seconds": [i.inter_token_seconds for i, _ in pairs],
                         "candidate_inter_token_seconds": [c.inter_token_seconds for _, c in pairs]})
 
-    def _reason(self, outcome: str | None, comparison: Comparison | None, pairs: int) -> str:
+    def _reason(self, outcome: str, comparison: Comparison | None, pairs: int, blocks: int) -> str:
         if comparison is None:
-            return f"{pairs} block pairs: too few to test" + (", trial ends inconclusive" if outcome else "")
+            return f"{pairs} block pairs that can be tested after {blocks} blocks: inconclusive"
         measured = (f"candidate / incumbent {comparison.effect:.3f}x, {self.look_confidence:.2%} interval "
                     f"[{comparison.low:.3f}, {comparison.high:.3f}], p = {comparison.p_value:.3g}, {pairs} block pairs "
                     f"(look {self._looked} of {self.looks})")
         verdicts = {BETTER: f"lower bound clears {self.keep_gain:.3f}x", WORSE: f"upper bound below {self.keep_gain:.3f}x",
                     NO_DIFFERENCE: f"within {self.keep_gain:.3f}x +/- {self.settings.margin:.0%}: no difference",
-                    INCONCLUSIVE: f"not decisive after {self.settings.max_blocks} blocks: inconclusive",
-                    None: "not decisive yet"}
+                    INCONCLUSIVE: f"not decisive after {blocks} blocks: inconclusive"}
         return f"{measured}: {verdicts[outcome]}"

@@ -1,24 +1,28 @@
-"""The level-based reconcile loop: observe a Window, let the policy propose, apply the proposal as a trial, judge it
-against the baseline window with explicit thresholds, keep it (new last-known-good) or roll back. Alerts, operators
-and restarts enter through the same small set of actions; every one is recorded before it returns."""
+"""The level-based reconcile loop: observe a Window, let the policy propose, run the proposal as a switchback trial
+(the engine alternates candidate and incumbent in short blocks), let the judge decide from the blocks, keep the
+candidate (new last-known-good) or go back to the incumbent. Alerts, operators and restarts enter through the same
+small set of actions; every one is recorded before it returns."""
 from __future__ import annotations
 
 import datetime as dt
 import logging
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from controller.clients import EngineClient, EngineClientError
+from controller.judge import BETTER, INCONCLUSIVE, SwitchbackJudge, Verdict
 from controller.metrics import CountingSink, MetricsSink
 from controller.rules import Proposal, RulePolicy
 from controller.store import Pin, Store
-from controller.windows import merge_windows, no_data_reason, slo_breaches, tokens_per_busy_second, window_summary
-from engine.config import EngineConfig
+from controller.windows import merge_windows, no_data_reason, slo_breaches, window_summary
+from engine.config import EngineConfig, Experiment
 from engine.window import Window
 from policies import Policy
 
 log = logging.getLogger("governor.controller")
 MAX_NO_DATA_WINDOWS = 3     # a trial that sees no traffic for this many windows is reverted as inconclusive
+OUTCOMES = {BETTER: "kept", "worse": "reverted"}     # judge verdict -> trial outcome; otherwise the verdict itself
 
 
 @dataclass
@@ -27,7 +31,18 @@ class _Trial:
     proposal: Proposal
     config: EngineConfig
     baseline: Window
+    judge: SwitchbackJudge
+    started: float = field(default_factory=time.monotonic)
+    arms: dict[str, list[Window]] = field(default_factory=dict)    # what each arm measured, part by part
     no_data_windows: int = 0
+
+    def add(self, part: Window) -> None:
+        self.judge.add(part.blocks or ())
+        for arm, window in (part.arms or {}).items():
+            self.arms.setdefault(arm, []).append(window)
+
+    def arm(self, name: str) -> Window | None:
+        return merge_windows(self.arms[name]) if self.arms.get(name) else None
 
 
 class Controller:
@@ -74,7 +89,8 @@ class Controller:
         with self.lock:
             part = self.client.snapshot()
             self._parts.append(part)
-            if self._trial is not None and self._cut_short(part):
+            if self._trial is not None and self._trial_ended(part):
+                self._parts = []        # the next window measures the config the trial left in use
                 return
             if len(self._parts) < self.policy.window.checks:
                 return
@@ -89,11 +105,11 @@ class Controller:
             self._on_no_data(reason, window)
             return
         self._no_data = False
-        self.strategy.observe(window)
-        if self._trial is not None:
-            if not self._judge(window):
-                return                  # reverted: the window measured a config no longer in use
+        for measured in (window.arms or {"": window}).values():
+            self.strategy.observe(measured)
         self._evaluate_slo(window)
+        if self._trial is not None:
+            return
         if self.store.pin() is not None or self.window_index < self._cooldown_until:
             return
         proposal = self.strategy.propose(self.current, window, self.window_index)
@@ -105,8 +121,8 @@ class Controller:
         if trial is not None:
             trial.no_data_windows += 1
             if trial.no_data_windows >= MAX_NO_DATA_WINDOWS:
-                self._end_trial("inconclusive", None, f"trial reverted: {MAX_NO_DATA_WINDOWS} windows without "
-                                f"enough traffic to judge it ({reason})", window)
+                self._end_trial(INCONCLUSIVE, f"trial ended, incumbent kept: {MAX_NO_DATA_WINDOWS} windows without "
+                                f"enough traffic to judge it ({reason})")
             return
         if not self._no_data:
             self._decide("no_data", reason + "; nothing is judged until traffic returns", window_summary(window))
@@ -116,56 +132,63 @@ class Controller:
 
     def _start_trial(self, proposal: Proposal, baseline: Window) -> None:
         config = self.store.record_config(proposal.config, "controller", proposal.reason)
-        if not self._apply(config, f"trial: {proposal.reason}"):
+        settings = self.policy.judge
+        experiment = Experiment(incumbent=self.current, candidate=config, block_steps=settings.block_steps)
+        if not self._apply(experiment, f"trial: {proposal.reason}"):
             self.strategy.finished(proposal, "failed", None, self.window_index)
             return
         trial_id = self.store.start_trial(self.strategy.name, config, self.current, proposal.predicted_gain,
                                           getattr(proposal.optuna_trial, "number", None))
-        self._trial = _Trial(trial_id, proposal, config, baseline)
-        self.current = config
+        self._trial = _Trial(trial_id, proposal, config, baseline, SwitchbackJudge(settings, proposal.keep_gain))
         self._decide("trial", proposal.reason, {**proposal.inputs, "kind": proposal.kind,
-                                                "keep_gain": proposal.keep_gain, "baseline": window_summary(baseline)},
+                                                "keep_gain": proposal.keep_gain, "baseline": window_summary(baseline),
+                                                "switchback": settings.model_dump()},
                      predicted_gain=proposal.predicted_gain, config_version=config.version, trial_id=trial_id)
 
-    def _cut_short(self, part: Window) -> bool:
-        """A trial whose partial window already breaks the SLO is ended now and the baseline restored."""
-        enough = part.emitted_tokens * self.policy.window.checks >= self.policy.window.min_emitted_tokens
-        breaches = slo_breaches(part, self.policy) if enough else []
-        if not breaches:
+    def _trial_ended(self, part: Window) -> bool:
+        """Feed the trial this part's blocks; end it if the candidate breaks the SLO or the judge decides."""
+        trial = self._trial
+        trial.add(part)
+        breaches = self._candidate_breaches(part)
+        if breaches:
+            self._end_trial("cut_short", "trial cut short, incumbent restored: the candidate's blocks break the SLO "
+                            "while the incumbent's do not: " + "; ".join(breaches))
+            return True
+        verdict = trial.judge.look()
+        if verdict is None or not verdict.decided:
             return False
-        self._parts = []
-        self._end_trial("cut_short", None, "trial cut short, baseline restored: " + "; ".join(breaches), part)
+        self._end_trial(OUTCOMES.get(verdict.outcome, verdict.outcome), verdict.reason, verdict)
         return True
 
-    def _judge(self, window: Window) -> bool:
-        """End the trial; True if it was kept (so the window measured the config now in use)."""
-        trial = self._trial
-        baseline = tokens_per_busy_second(trial.baseline)
-        gain = tokens_per_busy_second(window) / baseline if baseline > 0 else None
-        breaches = slo_breaches(window, self.policy)
-        keep_gain = trial.proposal.keep_gain
-        if breaches:
-            self._end_trial("reverted", gain, "trial breaks the SLO: " + "; ".join(breaches), window)
-        elif gain is None or gain < keep_gain:
-            self._end_trial("reverted", gain, f"measured {_fmt(gain)}x < {keep_gain:.3f}x needed to keep", window)
-        else:
-            self._end_trial("kept", gain, f"measured {gain:.3f}x >= {keep_gain:.3f}x needed to keep", window)
-            return True
-        return False
+    def _candidate_breaches(self, part: Window) -> list[str]:
+        arms = part.arms or {}
+        candidate, incumbent = arms.get("candidate"), arms.get("incumbent")
+        if candidate is None:
+            return []
+        enough = candidate.emitted_tokens * 2 * self.policy.window.checks >= self.policy.window.min_emitted_tokens
+        if not enough or (incumbent is not None and slo_breaches(incumbent, self.policy)):
+            return []
+        return slo_breaches(candidate, self.policy)
 
-    def _end_trial(self, outcome: str, gain: float | None, reason: str, window: Window) -> None:
+    def _end_trial(self, outcome: str, reason: str, verdict: Verdict | None = None) -> None:
         trial, self._trial = self._trial, None
         kind = trial.proposal.kind
+        gain = verdict.comparison.effect if verdict is not None and verdict.comparison is not None else None
+        candidate, incumbent = trial.arm("candidate"), trial.arm("incumbent")
         self.store.finish_trial(trial.id, outcome, gain)
         self.metrics.trial(outcome)
-        self.strategy.finished(trial.proposal, outcome, window, self.window_index)
-        inputs = {"trial": window_summary(window), "baseline": window_summary(trial.baseline), "kind": kind}
+        self.strategy.finished(trial.proposal, outcome, candidate, self.window_index)
+        inputs = {"kind": kind, "outcome": outcome, "seconds": round(time.monotonic() - trial.started, 3),
+                  "trial": None if candidate is None else window_summary(candidate),
+                  "baseline": None if incumbent is None else window_summary(incumbent),
+                  "judge": None if verdict is None else verdict.evidence()}
         if outcome == "kept":
-            self.last_known_good = trial.config
+            self._apply(trial.config, f"keep trial {trial.id}")
+            self.current = self.last_known_good = trial.config
             self.store.set_last_known_good(trial.config)
             action = {"fallback_probe": "fallback", "speculation_probe": "reenable"}.get(kind, "keep")
         else:
-            self._apply(self.last_known_good, f"revert trial {trial.id}")
+            self._apply(self.last_known_good, f"end trial {trial.id}: {outcome}")
             self.current = self.last_known_good
             self.metrics.rollback()
             self._cooldown_until = self.window_index + self.policy.trial.cooldown_windows + 1
@@ -296,10 +319,11 @@ class Controller:
                      config_version=current.version)
         return current, lkg
 
-    def _apply(self, config: EngineConfig, reason: str, raise_error: bool = False) -> bool:
+    def _apply(self, change: EngineConfig | Experiment, reason: str, raise_error: bool = False) -> bool:
         try:
-            self.client.apply(config)
+            self.client.apply(change)
         except EngineClientError as error:
+            config = change.candidate if isinstance(change, Experiment) else change
             self._decide("apply_failed", f"{reason}: {error}", {"config": config.model_dump()},
                          config_version=config.version)
             if raise_error:
@@ -326,10 +350,6 @@ def _speculation_gain(kind: str, gain: float | None) -> float | None:
     if gain is None or kind not in ("fallback_probe", "speculation_probe"):
         return None
     return 1 / gain if kind == "fallback_probe" else gain
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _iso(unix_seconds: float) -> str:

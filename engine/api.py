@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from engine.api_schema import ChatCompletionRequest, CompletionRequest
-from engine.config import EngineConfig
+from engine.config import EngineConfig, Experiment
 from engine.engine import Emission, RequestError
 from engine.metrics import CONTENT_TYPE, EngineMetrics
 from engine.service import EngineService
@@ -127,18 +127,27 @@ def _add_engine_admin(app: FastAPI, engine, admin_token: str | None) -> None:
     async def get_config():
         return engine.config.model_dump()
 
-    @app.put("/admin/config", dependencies=[Depends(bearer_guard(admin_token))])
-    async def put_config(request: Request):
+    async def apply(request: Request, kind: type[EngineConfig] | type[Experiment]) -> dict:
         try:
-            config = EngineConfig.model_validate_json(await request.body())
-            engine.apply(config)
+            change = kind.model_validate_json(await request.body())
+            engine.apply(change)
         except ValidationError as error:
             first = error.errors()[0]
             field = field_of(tuple(first["loc"])) or "body"
             raise APIError(400, f"{field}: {first['msg']}", field) from error
         except RequestError as error:
             raise APIError(400, str(error), error.field) from error
-        return config.model_dump()
+        return change.model_dump()
+
+    @app.put("/admin/config", dependencies=[Depends(bearer_guard(admin_token))])
+    async def put_config(request: Request):
+        """Take a config into use; ends a running experiment."""
+        return await apply(request, EngineConfig)
+
+    @app.put("/admin/experiment", dependencies=[Depends(bearer_guard(admin_token))])
+    async def put_experiment(request: Request):
+        """Alternate two configs in blocks of steps (a switchback trial) until the next PUT /admin/config."""
+        return await apply(request, Experiment)
 
 
 class _Reply:
