@@ -1,4 +1,6 @@
-"""The switchback judge: decides a trial from per-block samples of tokens per busy second.
+"""The switchback judge: decides a trial from per-block samples of decode throughput (tokens per second of the
+block's steps that ran no prefill: a prefill costs the same under either config, yet one landing in a block swings
+that block's tokens per busy second several-fold).
 
 Blocks 2j and 2j + 1 of an Experiment ran back to back, one under each arm (ABBA order), so they saw the same
 traffic; their log ratio (candidate over incumbent) cancels drift. The test is the Wilcoxon signed-rank test of
@@ -30,7 +32,7 @@ EXACT_UP_TO = 25      # pairs up to which the signed-rank test uses its exact nu
 
 @dataclass(frozen=True)
 class Comparison:
-    """Candidate / incumbent tokens per busy second over paired blocks: the Hodges-Lehmann estimate of the ratio,
+    """Candidate / incumbent decode throughput over paired blocks: the Hodges-Lehmann estimate of the ratio,
     its confidence interval, and the signed-rank p-value of "no difference"."""
     effect: float
     low: float
@@ -143,16 +145,17 @@ class SwitchbackJudge:
             self._blocks[(block.source, block.index)] = block
 
     def pairs(self) -> list[tuple[Block, Block]]:
-        """(incumbent, candidate) blocks of each complete pair whose blocks both emitted tokens."""
+        """(incumbent, candidate) blocks of each complete pair whose blocks both ran decode-only steps, an even number
+        of them (AB and BA pairs alike, so a linear trend in the traffic cancels)."""
         out = []
         for (source, index), first in sorted(self._blocks.items()):
             second = self._blocks.get((source, index + 1))
             if index % 2 or second is None or first.arm == second.arm:
                 continue
             incumbent, candidate = (first, second) if first.arm == "incumbent" else (second, first)
-            if incumbent.tokens_per_busy_second > 0 and candidate.tokens_per_busy_second > 0:
+            if incumbent.decode_tokens_per_second > 0 and candidate.decode_tokens_per_second > 0:
                 out.append((incumbent, candidate))
-        return out
+        return out[:len(out) // 2 * 2]
 
     def look(self) -> Verdict | None:
         """A verdict at each planned look (every min_samples pairs), None between looks. The last look (max_blocks
@@ -163,8 +166,8 @@ class SwitchbackJudge:
             return None
         self._looked += 1
         final = exhausted or self._looked >= self.looks
-        incumbent = [i.tokens_per_busy_second for i, _ in pairs]
-        candidate = [c.tokens_per_busy_second for _, c in pairs]
+        incumbent = [i.decode_tokens_per_second for i, _ in pairs]
+        candidate = [c.decode_tokens_per_second for _, c in pairs]
         outcome = classify(incumbent, candidate, self.look_confidence, self.keep_gain, self.settings.margin)
         if outcome is None and not final:
             return Verdict(None, "not decisive yet", len(pairs), blocks, self._looked, self.looks,
@@ -173,8 +176,8 @@ class SwitchbackJudge:
         comparison = compare(incumbent, candidate, self.look_confidence)
         return Verdict(outcome, self._reason(outcome, comparison, len(pairs), blocks), len(pairs), blocks, self._looked,
                        self.looks, self.look_confidence, self.keep_gain, comparison,
-                       {"incumbent_tokens_per_busy_second": [round(x, 2) for x in incumbent],
-                        "candidate_tokens_per_busy_second": [round(x, 2) for x in candidate],
+                       {"incumbent_decode_tokens_per_second": [round(x, 2) for x in incumbent],
+                        "candidate_decode_tokens_per_second": [round(x, 2) for x in candidate],
                         "incumbent_inter_token_seconds": [i.inter_token_seconds for i, _ in pairs],
                         "candidate_inter_token_seconds": [c.inter_token_seconds for _, c in pairs]})
 

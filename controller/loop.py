@@ -346,7 +346,7 @@ class Controller:
 
 
 def _speculation_gain(kind: str, gain: float | None) -> float | None:
-    """Measured speculative over plain tokens per busy second, from a probe of one mode against the other."""
+    """Measured speculative over plain decode throughput, from a probe of one mode against the other."""
     if gain is None or kind not in ("fallback_probe", "speculation_probe"):
         return None
     return 1 / gain if kind == "fallback_probe" else gain

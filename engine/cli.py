@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
                                                              "oracle on phase-shifting load")
     add_controller_bench_arguments(controller_bench)
     controller_bench.set_defaults(run=run_controller_bench)
+    from controller.judge_bench import add_judge_bench_arguments, run_judge_bench
+
+    judge_bench = benches.add_parser("judge", help="the old sequential judge vs the switchback judge: A/A false "
+                                                   "changes, detection of slowed candidates, time to decision")
+    add_judge_bench_arguments(judge_bench)
+    judge_bench.set_defaults(run=run_judge_bench)
 
     plan = commands.add_parser("plan", help="expert placement from measured heat, as JSON")
     add_plan_arguments(plan)

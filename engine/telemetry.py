@@ -112,10 +112,22 @@ class _BlockAccumulator:
     busy_seconds: float = 0.0
     gap_seconds: float = 0.0
     gap_tokens: int = 0
+    step_tokens: int = 0             # delivered by the step in progress (its record_step comes after them)
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+
+    def add_step(self, step_seconds: float, prefill_tokens: int) -> None:
+        self.steps += 1
+        self.busy_seconds += step_seconds
+        if not prefill_tokens:
+            self.decode_tokens += self.step_tokens
+            self.decode_seconds += step_seconds
+        self.step_tokens = 0
 
     def closed(self) -> Block:
         return Block(self.index, self.arm, self.config_version, self.steps, self.emitted_tokens, self.busy_seconds,
-                     self.gap_seconds / self.gap_tokens if self.gap_tokens else None)
+                     self.gap_seconds / self.gap_tokens if self.gap_tokens else None, self.decode_tokens,
+                     self.decode_seconds)
 
 
 def _add_per_position(totals: list[int], counts: list[int]) -> None:
@@ -192,8 +204,7 @@ class Telemetry:
                              drafted_per_position, accepted_per_position, num_drafts, prefill_tokens, expert_tokens,
                              slot_tokens, rank_tokens, dropped_per_layer, all_to_all_seconds)
             if self._block is not None:
-                self._block.steps += 1
-                self._block.busy_seconds += step_seconds
+                self._block.add_step(step_seconds, prefill_tokens)
 
     def record_replacement(self, seconds: float) -> None:
         """Serving stalled this long while expert weights moved to a new placement."""
@@ -209,6 +220,7 @@ class Telemetry:
                 acc.add_tokens(count, ttft, gap)
             if self._block is not None:
                 self._block.emitted_tokens += count
+                self._block.step_tokens += count
                 if gap is not None:
                     self._block.gap_seconds += gap
                     self._block.gap_tokens += count

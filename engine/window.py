@@ -35,11 +35,18 @@ class Block:
     emitted_tokens: int
     busy_seconds: float               # engine step seconds
     inter_token_seconds: float | None  # mean inter-token gap of the tokens delivered in the block
+    decode_tokens: int = 0            # emitted by the block's steps that ran no prefill
+    decode_seconds: float = 0.0       # those steps' seconds
     source: str = ""                  # the engine replica it ran on (set when replicas' windows are merged)
 
     @property
     def tokens_per_busy_second(self) -> float:
         return self.emitted_tokens / self.busy_seconds if self.busy_seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """What the judge compares: a prefill costs the same under any config but swings a block's throughput."""
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -45,20 +45,20 @@ class TrialPolicy(_Section):
     min_predicted_gain: float = Field(1.05, ge=1.0, le=100.0,
                                       description="propose a change only if the model predicts this much gain")
     keep_gain: float = Field(1.0, gt=0.0, le=100.0,
-                             description="keep a trial when the judge's lower bound of candidate / incumbent tokens per "
-                                         "busy second clears this")
+                             description="keep a trial when the judge's lower bound of candidate / incumbent "
+                                         "decode throughput clears this")
     cooldown_windows: int = Field(0, ge=0, description="windows to wait after a rollback before the next trial")
     retry_windows: int = Field(10, ge=1, description="windows before a reverted candidate may be tried again")
 
 
 class JudgePolicy(_Section):
     """How a trial is run and judged: a switchback experiment of alternating blocks, decided by controller.judge."""
-    block_steps: int = Field(4, ge=1, le=10_000, description="engine steps per switchback block")
+    block_steps: int = Field(2, ge=1, le=10_000, description="engine steps per switchback block")
     confidence: float = Field(0.99, ge=0.5, lt=1.0,
                               description="two-sided confidence of a verdict, over all of a trial's looks together")
     min_samples: int = Field(10, ge=3, le=10_000,
                              description="block pairs before the first look, and between two looks")
-    max_blocks: int = Field(160, ge=6, le=100_000,
+    max_blocks: int = Field(120, ge=6, le=100_000,
                             description="blocks (both arms) after which an undecided trial ends inconclusive")
     margin: float = Field(0.03, gt=0.0, le=1.0, description=(
         "an interval within keep_gain x [1 / (1 + margin), 1 + margin] means no difference: the trial stops and "
