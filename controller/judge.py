@@ -187,7 +187,8 @@ class SwitchbackJudge:
         measured = (f"candidate / incumbent {comparison.effect:.3f}x, {self.look_confidence:.2%} interval "
                     f"[{comparison.low:.3f}, {comparison.high:.3f}], p = {comparison.p_value:.3g}, {pairs} block pairs "
                     f"(look {self._looked} of {self.looks})")
-        verdicts = {BETTER: f"lower bound clears {self.keep_gain:.3f}x", WORSE: f"upper bound below {self.keep_gain:.3f}x",
+        verdicts = {BETTER: f"lower bound clears {self.keep_gain:.3f}x",
+                    WORSE: f"upper bound below {self.keep_gain:.3f}x",
                     NO_DIFFERENCE: f"within {self.keep_gain:.3f}x +/- {self.settings.margin:.0%}: no difference",
                     INCONCLUSIVE: f"not decisive after {blocks} blocks: inconclusive"}
         return f"{measured}: {verdicts[outcome]}"

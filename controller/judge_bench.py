@@ -7,10 +7,11 @@ One engine (governor-moe on the CPU) serves loopback HTTP traffic while trials r
   bench-only fault (the product ships no slow-down knob).
 Steady traffic comes from the load generator (Poisson arrivals of greedy code). The old judge holds one window of
 the incumbent, then one of the candidate, and keeps the candidate if its tokens per busy second / the incumbent's
->= keep_gain (what the loop did before switchback trials); the unit of its time to decision is its own window. The switchback judge runs an Experiment and decides with
-controller.judge under the policy's judge settings. A false change: for the switchback judge any verdict of a
-difference (better or worse) in an A/A trial; for the old judge, keeping the candidate in an A/A trial (its revert is
-the "no change" outcome). Detection: the slowed candidate is reverted (old) or judged worse (switchback).
+>= keep_gain (what the loop did before switchback trials); its time to decision is its one trial window. The
+switchback judge runs an Experiment and decides with controller.judge under the policy's judge settings; "within 2
+windows" counts its decisions within 2 of the policy's windows. A false change: for the switchback judge any verdict
+of a difference (better or worse) in an A/A trial; for the old judge, keeping the candidate in an A/A trial (its
+revert is the "no change" outcome). Detection: the slowed candidate is reverted (old) or judged worse (switchback).
 Writes judge.json and judge.png.
 """
 from __future__ import annotations
