@@ -241,6 +241,7 @@ class Controller:
             self.store.set_pin(None)
             self.last_known_good = self.current
             self.store.set_last_known_good(self.current)
+            self.strategy.released(self.current)
             return self._decide("release", reason, {"owner": pin.owner}, config_version=self.current.version)
 
     def disable_speculation(self, owner: str, reason: str) -> int:

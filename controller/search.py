@@ -35,6 +35,9 @@ class OptunaSearch:
     def observe(self, window: Window) -> None:
         pass
 
+    def released(self, config: EngineConfig) -> None:
+        pass
+
     def propose(self, current: EngineConfig, baseline: Window, window_index: int) -> Proposal | None:
         if current.spec_method != "off":
             self.spec_method = current.spec_method

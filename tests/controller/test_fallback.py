@@ -88,3 +88,21 @@ def test_falls_back_on_hot_prose_where_prompt_lookup_loses_and_reenables_on_code
     assert reenable[0]["inputs"]["judge"]["comparison"]["interval"][0] >= 1.02
     assert engine.config.spec_method == "ngram" and controller.last_known_good.spec_method == "ngram"
     assert controller.store.count(Decision, action="fallback") == 1
+
+
+def test_releasing_a_pin_that_turned_speculation_off_probes_it_at_the_next_window(build, prompts):
+    policy = fast_policy(speculation={"reprobe_windows": 1000}, trial={"min_predicted_gain": 100.0})
+    engine, controller = build(policy, k=3)
+    controller.disable_speculation("operator", "operator pins plain decoding")
+    with ClosedLoopTraffic(engine, prompts, concurrency=4):
+        engine.snapshot()
+        for _ in range(2):
+            time.sleep(controller.policy.window.seconds)
+            controller.tick()
+        assert not controller.store.rows(Decision, action="trial")
+        controller.release("operator released the pin")
+        time.sleep(controller.policy.window.seconds)
+        controller.tick()
+    trials = controller.store.rows(Decision, action="trial")
+    assert len(trials) == 1 and trials[0]["inputs"]["kind"] == "speculation_probe"
+    assert controller.state()["trial"]["kind"] == "speculation_probe"
