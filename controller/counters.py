@@ -5,7 +5,8 @@ import threading
 from collections import Counter
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter as PrometheusCounter
+from prometheus_client import CollectorRegistry
+from prometheus_client import Counter as PrometheusCounter
 
 
 class MetricsSink(Protocol):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
-from controller.rules import Proposal
-from controller.windows import tokens_per_busy_second
-from engine.config import EngineConfig
-from engine.window import Window
+from controller.rule_policy import Proposal
+from controller.window_stats import tokens_per_busy_second
 from policies import Policy
+from seam import EngineConfig, Window
+
 
 class OptunaSearch:
     name = "optuna"

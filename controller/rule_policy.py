@@ -7,12 +7,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from controller.goodput import GoodputModel, batch_band
-from controller.windows import tokens_per_busy_second
-from engine.config import EngineConfig
+from controller.window_stats import tokens_per_busy_second
 from engine.placement import Topology, balancedness, tokens_per_device
 from engine.planner import plan_placement
-from engine.window import Window
 from policies import Policy
+from seam import EngineConfig, Window
 
 
 @dataclass(frozen=True)

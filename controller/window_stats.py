@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from engine.window import LatencySummary, Window
 from policies import Policy
+from seam import LatencySummary, Window
 
 _SUMMED = {"steps", "num_drafts", "drafted_tokens", "accepted_tokens", "emitted_tokens", "prefill_tokens",
            "finished_requests", "target_forward_seconds", "draft_forward_seconds", "step_seconds", "dropped_tokens",

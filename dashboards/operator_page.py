@@ -13,10 +13,9 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import FileResponse, HTMLResponse, StreamingResponse
 
 from controller.loop import Controller
-from controller.store import AlertRecord, ConfigVersion, Decision
-from engine.config import EngineConfig
 from engine.live import LiveTelemetry
 from policies import shipped_policies
+from seam import EngineConfig
 
 PAGE = Path(__file__).parent / "web"
 ASSETS = {"app.js": PAGE / "app.js", "app.css": PAGE / "app.css",
@@ -67,10 +66,10 @@ def dashboard_state(live: LiveTelemetry, config: Callable[[], EngineConfig], con
         current = config()
         return {**state, "config": current.model_dump(), "speculation": "off" if not current.speculative_len else "on"}
     store, now = controller.store, controller.state()
-    decisions = store.rows(Decision, ROWS)
+    decisions = store.decisions(ROWS)
     return {**state, "config": now["config"], "controller": now,
             "speculation": speculation_state(EngineConfig(**now["config"]), decisions, now["pin"]),
-            "history": store.rows(ConfigVersion, ROWS), "decisions": decisions, "alerts": store.rows(AlertRecord, ROWS)}
+            "history": store.config_versions(ROWS), "decisions": decisions, "alerts": store.alerts(ROWS)}
 
 
 def speculation_state(current: EngineConfig, decisions: list[dict], pin: dict | None) -> str:

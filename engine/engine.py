@@ -8,28 +8,31 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from engine.batch import SequenceChunk, build_forward_batch
-from engine.config import EngineConfig, SamplingParams
 from engine.drafters import Drafter, Drafts, ModelDrafter, NgramDrafter
+from engine.ep import ExpertParallel
 from engine.experts import ExpertRuntime, StepCounts, expert_topology
 from engine.kv_cache import BlockAllocator, KVCache
-from engine.modeling import Transformer
+from engine.limits import EngineLimits
 from engine.moe import LOCAL
-from engine.placement import PlacementError, Topology, check_placement, identity_placement, tokens_per_device
+from engine.placement import (
+    PlacementError,
+    Topology,
+    check_placement,
+    identity_placement,
+    tokens_per_device,
+)
 from engine.sampling import probs_from_logits, uniforms
 from engine.scheduler import Scheduled, Scheduler
 from engine.sequence import Sequence
 from engine.telemetry import Telemetry, TelemetrySink
 from engine.tokenizer import Tokenizer
-from engine.window import Window
+from engine.transformer import Transformer
 from kernels import verify_drafts
-
-if TYPE_CHECKING:
-    from engine.ep import ExpertParallel
+from seam import EngineConfig, SamplingParams, Window
 
 
 class RequestError(ValueError):
@@ -38,18 +41,6 @@ class RequestError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
-
-
-@dataclass(frozen=True)
-class EngineLimits:
-    kv_cache_tokens: int = 16384
-    block_size: int = 16
-    max_num_seqs: int = 32
-    max_batch_tokens: int = 512
-
-    @property
-    def num_blocks(self) -> int:
-        return -(-self.kv_cache_tokens // self.block_size)
 
 
 @dataclass

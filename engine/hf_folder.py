@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.modeling import Transformer
-from engine.spec import ModelFolderError, ModelSpec
+from engine.model_spec import ModelFolderError, ModelSpec
+from engine.transformer import Transformer
 
 _LEGACY_EXPERT = re.compile(r"model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight")
 

@@ -5,7 +5,7 @@ from collections import deque
 
 import torch
 
-from engine.spec import ModelSpec
+from engine.model_spec import ModelSpec
 
 
 class OutOfBlocks(RuntimeError):

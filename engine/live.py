@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.config import EngineConfig
 from engine.placement import balancedness
+from seam import EngineConfig
 
 HISTORY_SECONDS = 300           # buckets kept
 MAX_SAMPLES_PER_SECOND = 2_000  # latency samples kept per bucket and distribution

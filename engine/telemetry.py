@@ -10,9 +10,8 @@ from typing import Protocol
 
 import torch
 
-from engine.config import EngineConfig
 from engine.placement import balancedness
-from engine.window import LatencySummary, Window
+from seam import EngineConfig, LatencySummary, Window
 
 MAX_SAMPLES = 50_000  # per window and distribution; an unread window keeps the latest ones
 

@@ -12,13 +12,12 @@ from collections.abc import AsyncIterator
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
-from engine.config import EngineConfig, SamplingParams
+from engine.engine import Emission
+from seam import EngineConfig, SamplingParams
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Tracer
-
-    from engine.engine import Emission
 
 EXPORTER_GROUP = "opentelemetry_traces_exporter"
 OTLP_BY_PROTOCOL = {"http/protobuf": "otlp_proto_http", "grpc": "otlp_proto_grpc"}

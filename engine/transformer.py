@@ -10,8 +10,8 @@ from torch import nn
 
 from engine.batch import AttentionGroup, ForwardBatch
 from engine.kv_cache import KVCache
+from engine.model_spec import ModelSpec
 from engine.moe import MoEBlock
-from engine.spec import ModelSpec
 
 MoERunner = Callable[[MoEBlock, torch.Tensor], torch.Tensor]
 

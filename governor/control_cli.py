@@ -1,5 +1,4 @@
-"""`governor control` (the controller beside remote engines), `governor policy check`, and the wiring that
-`governor serve` uses to run the controller in-process."""
+"""`governor control` (the controller beside remote engines) and `governor policy check`."""
 from __future__ import annotations
 
 import argparse
@@ -7,47 +6,20 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass
 
-from fastapi import APIRouter
-
-from controller.admin import create_admin_router
-from controller.alerts import AlertIntake
-from controller.clients import EngineClient, EngineClientError, HttpClient
-from controller.loop import Controller
-from controller.metrics import MetricsSink
-from controller.store import Store, StoreError
-from policies import Policy, PolicyError, load_policy
-
-
-@dataclass
-class ControlPlane:
-    controller: Controller
-    intake: AlertIntake
-    router: APIRouter
-
-
-def build_control_plane(client: EngineClient, policy: Policy | str, db_url: str, admin_token: str | None,
-                        metrics: MetricsSink | None = None, on_decision=None, policy_name: str | None = None
-                        ) -> ControlPlane:
-    """policy: a Policy, or a file or shipped name to load (PolicyError if bad); the store is created if missing."""
-    if isinstance(policy, str):
-        policy, policy_name = load_policy(policy), policy
-    controller = Controller(client, Store(db_url), policy, policy_name or "custom", metrics=metrics,
-                            on_decision=on_decision)
-    intake = AlertIntake(controller)
-    return ControlPlane(controller, intake, create_admin_router(controller, intake, admin_token))
+from controller.clients import EngineClientError, HttpClient
+from controller.plane import build_control_plane, print_decision
+from controller.store import StoreError
+from governor.settings import DEFAULT_DB, DEFAULT_POLICY
+from policies import PolicyError, load_policy
 
 
 def add_control_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", action="append", required=True, metavar="URL",
                         help="a remote engine's base URL (repeat for replicas); admin token from GOVERNOR_ADMIN_TOKEN")
-    parser.add_argument("--policy", default="default", help="policy YAML file or shipped policy name (default)")
-    parser.add_argument("--db", default="sqlite:///governor.db", help="SQLAlchemy URL of the store")
-
-
-def print_decision(decision_id: int, action: str, reason: str) -> None:
-    print(f"decision {decision_id} {action}: {reason}", flush=True)
+    parser.add_argument("--policy", default=DEFAULT_POLICY,
+                        help="policy YAML file or shipped policy name (default: %(default)s)")
+    parser.add_argument("--db", default=DEFAULT_DB, help="SQLAlchemy URL of the store (default: %(default)s)")
 
 
 def run_control(args: argparse.Namespace) -> int:

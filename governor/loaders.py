@@ -2,29 +2,17 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import Engine, EngineLimits
-from engine.experts import drop_logical_experts, expert_topology
-from engine.loading import load_transformer
-from engine.modeling import Transformer
-from engine.spec import ModelFolderError
-from engine.telemetry import TelemetrySink
-from engine.tokenizer import Tokenizer, load_tokenizer
-
-ASSETS = Path(__file__).parent / "assets"
-DEFAULT_MODEL = "governor-moe"
-SMOLLM2 = "smollm2-135m-instruct"
-SHIPPED_FOLDERS = {"governor-moe": ASSETS / "governor-moe", "governor-draft": ASSETS / "governor-draft"}
-DEFAULT_DRAFTS = {"governor-moe": "governor-draft", SMOLLM2: "self:20"}
-# SmolLM2's untrained early exit accepts poorly (README), so it starts on prompt lookup.
-DEFAULT_SPEC_METHODS = {SMOLLM2: "ngram"}
-SHIPPED_NAMES = sorted([*SHIPPED_FOLDERS, SMOLLM2])
+from engine.factory import LoadedModels
+from engine.hf_folder import load_transformer
+from engine.model_spec import ModelFolderError
+from engine.tokenizer import load_tokenizer
+from engine.transformer import Transformer
+from governor.registry import DEFAULT_MODEL, MODELS, SHIPPED_NAMES
 
 
 def default_cache_dir() -> Path:
@@ -40,12 +28,13 @@ def pick_device() -> tuple[torch.device, torch.dtype]:
 
 def model_folder(name_or_path: str, cache_dir: Path) -> Path:
     """A Hugging Face folder for a shipped name, a folder path, or a GGUF file (converted once, cached)."""
-    from engine import gguf
+    from engine import (
+        gguf,  # heavy (transformers, gguf) and needed only for GGUF models
+    )
 
-    if name_or_path in SHIPPED_FOLDERS:
-        return SHIPPED_FOLDERS[name_or_path]
-    if name_or_path == SMOLLM2:
-        return gguf.cached_conversion(gguf.smollm2_gguf_path(), cache_dir)
+    if name_or_path in MODELS:
+        folder = MODELS[name_or_path].folder
+        return folder if folder is not None else gguf.cached_conversion(gguf.smollm2_gguf_path(), cache_dir)
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return gguf.cached_conversion(path, cache_dir)
@@ -55,13 +44,14 @@ def model_folder(name_or_path: str, cache_dir: Path) -> Path:
                            "a model folder, or a .gguf file")
 
 
-@dataclass
-class LoadedModels:
-    name: str
-    target: Transformer
-    tokenizer: Tokenizer
-    draft: Transformer | None
-    draft_name: str | None
+@dataclass(frozen=True)
+class TargetLoader:
+    """Loads a model's target alone, e.g. in a spawned expert-parallel rank (picklable, unlike the models)."""
+    model: str
+    cache_dir: Path
+
+    def __call__(self, device: torch.device, dtype: torch.dtype) -> Transformer:
+        return load_transformer(model_folder(self.model, self.cache_dir), device, dtype)
 
 
 def load_models(model: str = DEFAULT_MODEL, draft: str | None = None, cache_dir: Path | None = None,
@@ -72,7 +62,8 @@ def load_models(model: str = DEFAULT_MODEL, draft: str | None = None, cache_dir:
         device, dtype = pick_device()
     folder = model_folder(model, cache_dir)
     target = load_transformer(folder, device, dtype)
-    draft = DEFAULT_DRAFTS.get(model, "none") if draft is None else draft
+    shipped = MODELS.get(model)
+    draft = (shipped.draft if shipped else "none") if draft is None else draft
     if draft == "none":
         draft_model = None
     elif draft.startswith("self:"):
@@ -82,32 +73,6 @@ def load_models(model: str = DEFAULT_MODEL, draft: str | None = None, cache_dir:
         draft_model = target.truncated(int(layers))
     else:
         draft_model = load_transformer(model_folder(draft, cache_dir), device, dtype)
-    return LoadedModels(Path(model).name if model not in SHIPPED_NAMES else model, target,
-                        load_tokenizer(folder), draft_model, None if draft == "none" else draft)
-
-
-def build_engine(models: LoadedModels, config: EngineConfig | None = None, limits: EngineLimits = EngineLimits(),
-                 ep: int = 1, redundant_experts: int = 0, model: str = DEFAULT_MODEL,
-                 sinks: Sequence[TelemetrySink] = ()) -> Engine:
-    """ep > 1 spawns ep - 1 worker ranks that load `model` themselves; the target then keeps only rank 0's
-    expert slots. Raises ValueError for a combination that cannot be served (e.g. ep > 1 on a dense model)."""
-    if config is None:
-        fallback = "draft_model" if models.draft is not None else "ngram"
-        config = EngineConfig(spec_method=DEFAULT_SPEC_METHODS.get(models.name, fallback))
-    if not models.target.moe_blocks:
-        if ep > 1 or redundant_experts:
-            raise ValueError(f"--ep and --redundant-experts need an MoE model; {models.name} is dense")
-        return Engine(models.target, models.tokenizer, models.draft, config, limits, sinks)
-    if ep == 1:
-        topology = expert_topology(models.target.spec.num_experts, 1, redundant_experts)
-        return Engine(models.target, models.tokenizer, models.draft, config, limits, sinks, topology=topology)
-    from engine.ep import ExpertParallel
-
-    group = ExpertParallel(model, ep, models.target, limits, redundant_experts=redundant_experts)
-    try:
-        engine = Engine(models.target, models.tokenizer, models.draft, config, limits, sinks, ep=group)
-    except Exception:
-        group.close()
-        raise
-    drop_logical_experts(models.target)
-    return engine
+    spec_method = (shipped and shipped.spec_method) or ("draft_model" if draft_model is not None else "ngram")
+    return LoadedModels(model if shipped else Path(model).name, target, load_tokenizer(folder), draft_model,
+                        None if draft == "none" else draft, spec_method, TargetLoader(model, cache_dir))

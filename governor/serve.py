@@ -1,4 +1,4 @@
-"""The `governor` command line: serve, load, bench, plan, control, policy."""
+"""`governor serve`: engine, controller, API and dashboard in one process group, wired from Settings."""
 from __future__ import annotations
 
 import argparse
@@ -6,17 +6,30 @@ import contextlib
 import sys
 import threading
 
+import uvicorn
 from pydantic import ValidationError
 
-from engine.loadgen.cli import add_load_arguments, run_load
-from engine.plan_cli import add_plan_arguments, run_plan
+from controller.clients import InProcessClient
+from controller.counters import PrometheusCounters
+from controller.plane import build_control_plane, print_decision
+from controller.store import StoreError
+from dashboards.operator_page import create_dashboard_router
+from engine.api import create_app
+from engine.ep import ExpertParallelError
+from engine.factory import build_engine
+from engine.live import LiveTelemetry
+from engine.loadgen import load_phases, run_forever
+from engine.metrics import EngineMetrics
+from engine.model_spec import ModelFolderError
+from engine.service import EngineService
+from engine.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
+from governor.loaders import load_models
+from governor.settings import Settings
+from policies import PolicyError, load_policy
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="governor", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    serve = commands.add_parser("serve", help="run the engine and its OpenAI-compatible API")
+def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
+    """Flags default to None so that only the ones given override Settings (environment, then defaults)."""
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8000)")
     serve.add_argument("--model", help="shipped model name, model folder or .gguf file (default governor-moe)")
@@ -31,71 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--db", help="SQLAlchemy URL of the controller's store (default sqlite:///governor.db)")
     serve.add_argument("--no-controller", dest="controller", action="store_false", default=None,
                        help="serve the engine alone, for a `governor control` elsewhere")
-    serve.set_defaults(run=_serve)
-
-    load = commands.add_parser("load", help="open-loop traffic generator")
-    add_load_arguments(load)
-    load.set_defaults(run=run_load)
-
-    bench = commands.add_parser("bench", help="benchmarks that print figures and write JSON + PNG")
-    benches = bench.add_subparsers(dest="bench", required=True)
-    from engine.bench.spec import add_spec_arguments, run_spec_bench
-
-    spec = benches.add_parser("spec", help="speculative decoding: k = 0..8, beside transformers")
-    add_spec_arguments(spec)
-    spec.set_defaults(run=run_spec_bench)
-    from engine.bench.telemetry import add_telemetry_arguments, run_telemetry_bench
-
-    telemetry = benches.add_parser("telemetry", help="tokens/s with Prometheus metrics and tracing on vs off")
-    add_telemetry_arguments(telemetry)
-    telemetry.set_defaults(run=run_telemetry_bench)
-
-    from engine.bench.moe_parts import add_moe_bench_arguments, run_moe_bench_parts
-
-    moe = benches.add_parser("moe", help="MoE: one process vs expert parallelism, capacity factors, placement; "
-                                         "the planner beside DeepSeek EPLB's greedy")
-    add_moe_bench_arguments(moe)
-    moe.set_defaults(run=run_moe_bench_parts)
-
-    from controller.bench import add_controller_bench_arguments, run_controller_bench
-
-    controller_bench = benches.add_parser("controller", help="the controller vs static configs and the per-phase "
-                                                             "oracle on phase-shifting load")
-    add_controller_bench_arguments(controller_bench)
-    controller_bench.set_defaults(run=run_controller_bench)
-
-    plan = commands.add_parser("plan", help="expert placement from measured heat, as JSON")
-    add_plan_arguments(plan)
-    plan.set_defaults(run=run_plan)
-
-    from controller.cli import add_control_arguments, add_policy_arguments, run_control
-
-    control = commands.add_parser("control", help="run the controller against remote engines")
-    add_control_arguments(control)
-    control.set_defaults(run=run_control)
-
-    policy = commands.add_parser("policy", help="controller policy files")
-    add_policy_arguments(policy)
-
-    args = parser.parse_args(argv)
-    return args.run(args)
 
 
-def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from dashboards.web import create_dashboard_router
-    from engine.api import create_app
-    from engine.engine import EngineLimits
-    from engine.ep import ExpertParallelError
-    from engine.live import LiveTelemetry
-    from engine.metrics import EngineMetrics
-    from engine.models import build_engine, load_models
-    from engine.service import EngineService
-    from engine.settings import Settings
-    from engine.spec import ModelFolderError
-    from engine.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
-
+def run_serve(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
     try:
         settings = Settings(**overrides)
@@ -110,8 +61,6 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     policy = None
     if settings.controller:
-        from policies import PolicyError, load_policy
-
         try:
             policy = load_policy(settings.policy)
         except PolicyError as error:
@@ -123,13 +72,12 @@ def _serve(args: argparse.Namespace) -> int:
     except (ModelFolderError, ModuleNotFoundError) as error:
         print(f"governor serve: {error}", file=sys.stderr)
         return 2
-    limits = EngineLimits(kv_cache_tokens=settings.kv_cache_tokens, max_num_seqs=settings.max_num_seqs,
-                          max_batch_tokens=settings.max_batch_tokens)
     metrics, live = EngineMetrics(models.name), LiveTelemetry()
     tracer = tracing.get_tracer("governor") if tracing is not None else None
     try:
-        engine = build_engine(models, limits=limits, ep=settings.ep, redundant_experts=settings.redundant_experts,
-                              model=settings.model, sinks=[metrics, live, *([StepSpans(tracer)] if tracer else [])])
+        engine = build_engine(models, limits=settings.limits(), ep=settings.ep,
+                              redundant_experts=settings.redundant_experts,
+                              sinks=[metrics, live, *([StepSpans(tracer)] if tracer else [])])
     except (ValueError, ExpertParallelError) as error:
         print(f"governor serve: {error}", file=sys.stderr)
         return 2
@@ -137,11 +85,6 @@ def _serve(args: argparse.Namespace) -> int:
     service = EngineService(engine)
     plane = None
     if policy is not None:
-        from controller.cli import build_control_plane, print_decision
-        from controller.clients import InProcessClient
-        from controller.metrics import PrometheusCounters
-        from controller.store import StoreError
-
         try:
             plane = build_control_plane(InProcessClient(engine), policy, settings.db, settings.admin_token,
                                         policy_name=settings.policy, on_decision=print_decision,
@@ -178,11 +121,5 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _start_demo_traffic(url: str, stop: threading.Event) -> None:
-    from engine.loadgen import load_phases, run_forever
-
     threading.Thread(target=run_forever, args=(url, load_phases(), stop),
                      name="governor-demo-traffic", daemon=True).start()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

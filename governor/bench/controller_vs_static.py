@@ -19,15 +19,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from controller.cli import build_control_plane
 from controller.clients import InProcessClient
-from controller.store import Decision
-from engine.bench import report
-from engine.config import EngineConfig
+from controller.plane import build_control_plane
+from engine.api import create_app
+from engine.engine import Engine
 from engine.loadgen import LoadResult, Phase, run_phases
 from engine.local_server import serving_in_thread
+from engine.service import EngineService
+from governor.bench import report
+from governor.loaders import load_models
 from policies import Policy, PolicyError, load_policy
+from seam import EngineConfig
 
+NAME = "controller"
+HELP = "the controller vs static configs and the per-phase oracle on phase-shifting load"
 STATIC = {"plain": EngineConfig(spec_method="off", draft_len=0),
           "draft k=2": EngineConfig(spec_method="draft_model", draft_len=2),
           "draft k=4": EngineConfig(spec_method="draft_model", draft_len=4),
@@ -49,7 +54,7 @@ class Arm:
     decisions: list[dict] = field(default_factory=list)
 
 
-def add_controller_bench_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="smoke test: short phases, two static arms")
     parser.add_argument("--phase-seconds", type=float, default=30.0, help="length of each of the three phases")
     parser.add_argument("--qps", type=float, default=5.0, help="arrival rate of the first code phase")
@@ -61,7 +66,7 @@ def add_controller_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for controller.json/.png")
 
 
-def run_controller_bench(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     try:
         policy = load_policy(args.policy)
     except PolicyError as error:
@@ -70,8 +75,6 @@ def run_controller_bench(args: argparse.Namespace) -> int:
     if args.quick:
         args.phase_seconds, args.max_tokens = min(args.phase_seconds, 4.0), min(args.max_tokens, 16)
     phases = _phases(args)
-    from engine.models import load_models
-
     models = load_models("governor-moe", device=torch.device("cpu"), dtype=torch.float32)
     names = QUICK_STATIC if args.quick else tuple(STATIC)
     arms = []
@@ -113,9 +116,6 @@ class _RecordingClient(InProcessClient):
 
 
 def _run_arm(name: str, models, phases: list[Phase], policy: Policy) -> Arm:
-    from engine.engine import Engine
-    from engine.service import EngineService
-
     config = STATIC.get(name, EngineConfig())
     engine = Engine(models.target, models.tokenizer, models.draft, config)
     service = EngineService(engine)
@@ -136,7 +136,7 @@ def _run_arm(name: str, models, phases: list[Phase], policy: Policy) -> Arm:
                 result = _load(url, phases)
             finally:
                 controller.stop()
-        decisions = controller.store.rows(Decision, 10_000)
+        decisions = controller.store.decisions(10_000)
     for apply in applies:
         apply["time"] -= result.started_at
     return Arm(name, result, applies, [_decision(d, decided_at[d["id"]] - result.started_at)
@@ -148,8 +148,6 @@ def _load(url: str, phases: list[Phase]) -> LoadResult:
 
 
 def _serving(service, admin_router):
-    from engine.api import create_app
-
     return serving_in_thread(create_app(service, "governor-moe", None, admin_router=admin_router), service)
 
 

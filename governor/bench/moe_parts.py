@@ -1,27 +1,24 @@
-"""`governor bench moe`: the MoE runtime part (engine/bench/moe.py) and the planner part (engine/bench/planner.py)."""
+"""`governor bench moe`: the MoE runtime part (moe_runtime.py) and the planner part (planner_vs_eplb.py)."""
 from __future__ import annotations
 
 import argparse
 
-PARTS = ("runtime", "planner")
+from governor.bench import moe_runtime, planner_vs_eplb
+
+NAME = "moe"
+HELP = "MoE: one process vs expert parallelism, capacity factors, placement; the planner beside DeepSeek EPLB's greedy"
+PARTS = {"runtime": moe_runtime, "planner": planner_vs_eplb}
 
 
-def add_moe_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    from engine.bench.moe import add_moe_arguments
-    from engine.bench.planner import add_planner_arguments
-
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--part", choices=[*PARTS, "all"], default="all", help="which part to run (default: all)")
-    add_moe_arguments(parser)
-    add_planner_arguments(parser)
+    for part in PARTS.values():
+        part.add_arguments(parser)
 
 
-def run_moe_bench_parts(args: argparse.Namespace) -> int:
-    from engine.bench.moe import run_moe_bench
-    from engine.bench.planner import run_planner_bench
-
-    runs = {"runtime": run_moe_bench, "planner": run_planner_bench}
-    for part in PARTS if args.part == "all" else (args.part,):
-        status = runs[part](args)
+def run(args: argparse.Namespace) -> int:
+    for name in PARTS if args.part == "all" else (args.part,):
+        status = PARTS[name].run(args)
         if status:
             return status
     return 0

@@ -15,13 +15,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.bench import report
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import Engine, EngineLimits
+from engine.engine import Engine
+from engine.factory import build_engine
+from engine.limits import EngineLimits
 from engine.loadgen import prompt_set
-from engine.models import DEFAULT_MODEL, build_engine, load_models
 from engine.planner import plan_placement
-from engine.window import Window
+from governor.bench import report
+from governor.loaders import load_models
+from governor.registry import DEFAULT_MODEL
+from seam import EngineConfig, SamplingParams, Window
 
 PLAIN = EngineConfig(spec_method="off", draft_len=0)
 CAPACITY_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 0.0)
@@ -36,7 +38,7 @@ NOTES = {
 }
 
 
-def add_moe_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ep", type=report.int_in(2, 64), default=2, help="expert-parallel ranks (default 2)")
     parser.add_argument("--redundant-experts", type=report.int_in(0, 256), default=0,
                         help="spare slots for replicas, over all ranks (default 0)")
@@ -50,7 +52,7 @@ def add_moe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="few prompts and tokens: a smoke run")
 
 
-def run_moe_bench(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     for cf in args.capacity_factors:
         if not 0 <= cf <= 16:
             report.progress(f"governor bench moe: --capacity-factors: {cf} is outside 0..16")
@@ -72,7 +74,7 @@ def run_moe_bench(args: argparse.Namespace) -> int:
     # build_engine frees an expert-parallel target's own expert weights, so EP gets its own copy of the model
     parallel = build_engine(load_models(DEFAULT_MODEL, draft="none", device=torch.device("cpu"),
                                         dtype=torch.float32), PLAIN, limits, ep=args.ep,
-                            redundant_experts=args.redundant_experts, model=DEFAULT_MODEL)
+                            redundant_experts=args.redundant_experts)
     try:
         _serve(parallel, prompts[:1], params)
         sweep = []

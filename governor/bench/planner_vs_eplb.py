@@ -13,10 +13,16 @@ import time
 
 import numpy as np
 
-from engine.bench import report
-from engine.bench.eplb import eplb_placement
-from engine.placement import Topology, identity_placement, placement_balancedness, slot_tokens, tokens_per_device
+from engine.placement import (
+    Topology,
+    identity_placement,
+    placement_balancedness,
+    slot_tokens,
+    tokens_per_device,
+)
 from engine.planner import plan_placement
+from governor.bench import report
+from governor.bench.eplb import eplb_placement
 
 LAYERS, EXPERTS, DEVICES, NODES = 64, 256, 64, 8
 TOKENS_PER_LAYER = 8 * 65536            # top-8 routing of a 64k-token window
@@ -38,12 +44,12 @@ NOTES = {
 }
 
 
-def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=report.int_in(1, 1000), default=5, help="timed plans per planner and load (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the expert orders and token draws")
 
 
-def run_planner_bench(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     started, machine = time.perf_counter(), report.machine()
     layers = QUICK_LAYERS if args.quick else LAYERS
     skews = QUICK_SKEWS if args.quick else SKEWS

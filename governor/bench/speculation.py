@@ -17,21 +17,16 @@ from typing import Any
 
 import torch
 
-from engine.bench import report
-from engine.config import MAX_DRAFT_LEN, EngineConfig, SamplingParams
 from engine.engine import Engine
+from engine.factory import LoadedModels, build_engine
 from engine.loadgen import prompt_set
-from engine.models import (
-    DEFAULT_MODEL,
-    SMOLLM2,
-    LoadedModels,
-    build_engine,
-    default_cache_dir,
-    load_models,
-    model_folder,
-    pick_device,
-)
+from governor.bench import report
+from governor.loaders import default_cache_dir, load_models, model_folder, pick_device
+from governor.registry import DEFAULT_MODEL, SMOLLM2
+from seam import MAX_DRAFT_LEN, EngineConfig, SamplingParams
 
+NAME = "spec"
+HELP = "speculative decoding: k = 0..8, beside transformers"
 PLAIN = EngineConfig(spec_method="off", draft_len=0)
 WARM_UP_TOKENS = 8
 QUICK_PROMPTS, QUICK_MAX_TOKENS = 2, 16
@@ -82,7 +77,7 @@ TARGETS = (
 )
 
 
-def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", nargs="+", choices=list(PLANS), default=list(PLANS),
                         help="models to measure, each with its drafters (default: all)")
     parser.add_argument("--k-max", type=report.int_in(1, MAX_DRAFT_LEN), default=8, help="sweep k = 0..K (default 8)")
@@ -101,7 +96,7 @@ def _per_model(field: str) -> str:
     return ", ".join(f"{getattr(plan, field)} for {name}" for name, plan in PLANS.items())
 
 
-def run_spec_bench(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     import transformers
 
     transformers.logging.set_verbosity_error()

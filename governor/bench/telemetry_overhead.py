@@ -14,21 +14,26 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.bench import report
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import Engine, EngineLimits
+from engine.engine import Engine
+from engine.factory import LoadedModels
+from engine.limits import EngineLimits
 from engine.loadgen import prompt_set
 from engine.metrics import EngineMetrics
-from engine.models import DEFAULT_MODEL, LoadedModels, load_models, pick_device
 from engine.service import EngineService
 from engine.tracing import STEPS_PER_SPAN, StepSpans, traced_request
+from governor.bench import report
+from governor.loaders import load_models, pick_device
+from governor.registry import DEFAULT_MODEL
+from seam import EngineConfig, SamplingParams
 
+NAME = "telemetry"
+HELP = "tokens/s with Prometheus metrics and tracing on vs off"
 TARGET_RATIO = 0.97
 FULL = {"repetitions": 8, "prompts": 16, "max_tokens": 64}
 QUICK = {"repetitions": 2, "prompts": 2, "max_tokens": 16}
 
 
-def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model to serve (default {DEFAULT_MODEL})")
     parser.add_argument("--repetitions", type=report.int_in(1, 100_000), help="interleaved pairs of runs (default 8; 2 quick)")
     parser.add_argument("--prompts", type=report.int_in(1, 100_000), help="requests served at once per run (default 16; 2 quick)")
@@ -75,7 +80,7 @@ class Arm:
         return tokens
 
 
-def run_telemetry_bench(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     for name, default in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -127,7 +132,9 @@ def _arm_off(models: LoadedModels) -> Arm:
 def _arm_on(models: LoadedModels) -> Arm:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+        InMemorySpanExporter,
+    )
 
     exporter, provider = InMemorySpanExporter(), TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(exporter))

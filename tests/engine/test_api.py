@@ -9,9 +9,9 @@ import pytest
 import uvicorn
 
 from engine.api import create_app
-from engine.config import EngineConfig
-from engine.models import build_engine
+from engine.factory import build_engine
 from engine.service import EngineService
+from seam import EngineConfig
 
 TOKEN = "test-admin-token"
 

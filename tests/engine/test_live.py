@@ -5,9 +5,10 @@ import time
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import Engine, EngineLimits
+from engine.engine import Engine
+from engine.limits import EngineLimits
 from engine.live import HISTORY_SECONDS, SPAN_SECONDS, LiveTelemetry
+from seam import EngineConfig
 from tests.engine.helpers import code_prompts, generate
 
 

@@ -1,9 +1,10 @@
 """EngineMetrics sees exactly the events the Window is built from, and keeps counting across snapshots."""
 import pytest
 
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import Engine, EngineLimits
+from engine.engine import Engine
+from engine.limits import EngineLimits
 from engine.metrics import EngineMetrics
+from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, generate
 
 MODEL = "governor-moe"

@@ -9,18 +9,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 import uvicorn
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+)
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
 from engine.api import create_app
-from engine.config import EngineConfig
-from engine.engine import Engine, EngineLimits
-from engine.models import build_engine
+from engine.engine import Engine
+from engine.factory import build_engine
+from engine.limits import EngineLimits
 from engine.service import EngineService
 from engine.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
+from seam import EngineConfig
 from tests.engine.helpers import code_prompts, generate
 
 MODEL = "governor-moe"
@@ -119,7 +122,7 @@ def test_every_nth_engine_step_is_a_span_timed_as_the_step(moe_models, tracer, e
 
 def test_tracing_is_off_by_default_and_loads_no_opentelemetry_sdk():
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    script = ("import sys, engine.api, engine.cli\n"
+    script = ("import sys, engine.api, governor.cli\n"
               "from engine.tracing import tracer_provider_from_env\n"
               "assert tracer_provider_from_env() is None\n"
               "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))))")
@@ -150,7 +153,7 @@ def test_an_unusable_exporter_setting_is_refused_naming_it(clean_otel_env, varia
 
 def test_serve_refuses_an_unknown_exporter_before_loading_the_model():
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}, "OTEL_TRACES_EXPORTER": "jaeger"}
-    result = subprocess.run([sys.executable, "-m", "engine.cli", "serve", "--port", "1"], env=env,
+    result = subprocess.run([sys.executable, "-m", "governor.cli", "serve", "--port", "1"], env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "OTEL_TRACES_EXPORTER" in result.stderr and "'jaeger'" in result.stderr

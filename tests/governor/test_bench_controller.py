@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from engine.cli import main
+from governor.cli import main
 
 PHASES = ["code-greedy", "prose-hot", "code-shifted-qps"]
 

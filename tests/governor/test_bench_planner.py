@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from engine.cli import main
+from governor.cli import main
 
 
 @pytest.fixture(scope="module")

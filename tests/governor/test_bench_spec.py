@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from engine.cli import main
+from governor.cli import main
 
 K_MAX = 8
 

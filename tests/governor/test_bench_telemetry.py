@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from engine.cli import main
+from governor.cli import main
 
 
 @pytest.fixture(scope="module")

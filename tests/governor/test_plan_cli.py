@@ -16,7 +16,7 @@ HEAT = {"heat": [[120, 5, 7, 300, 9, 11, 40, 2], [0, 0, 0, 50, 0, 0, 0, 1]]}
 
 def governor_plan(*flags: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "engine.cli", "plan", *flags], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "governor.cli", "plan", *flags], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=120)
 
 

@@ -30,7 +30,7 @@ def _wait_for(predicate, timeout: float) -> bool:
 def test_serve_with_demo_traffic_answers_and_measures_its_own_traffic(tmp_path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--port", str(port), "--demo-traffic",
+    server = subprocess.Popen([sys.executable, "-m", "governor.cli", "serve", "--port", str(port), "--demo-traffic",
                                "--db", f"sqlite:///{tmp_path / 'governor.db'}"],
                               env={**os.environ, "GOVERNOR_ADMIN_TOKEN": "t"}, stderr=subprocess.PIPE, text=True)
     try:
@@ -44,14 +44,14 @@ def test_serve_with_demo_traffic_answers_and_measures_its_own_traffic(tmp_path):
 
 
 def test_serve_refuses_a_bad_flag_naming_it():
-    result = subprocess.run([sys.executable, "-m", "engine.cli", "serve", "--port", "70000"],
+    result = subprocess.run([sys.executable, "-m", "governor.cli", "serve", "--port", "70000"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "--port" in result.stderr
 
 
 def test_serve_refuses_an_unknown_model_naming_it():
-    result = subprocess.run([sys.executable, "-m", "engine.cli", "serve", "--model", "/no/such/model"],
+    result = subprocess.run([sys.executable, "-m", "governor.cli", "serve", "--model", "/no/such/model"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "/no/such/model" in result.stderr
