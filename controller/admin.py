@@ -105,21 +105,19 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
         decision = controller.switch_policy(policy, name)
         return {"name": name, "decision": decision}
 
+    def switched(decision: int | None, refusal: str) -> dict:
+        if decision is None:
+            raise APIError(409, f"{refusal} (policy {controller.policy_name})", kind="conflict_error")
+        return {"name": controller.policy_name, "decision": decision}
+
     @router.post("/admin/search/start", dependencies=admin)
     async def start_search():
-        decision = controller.start_search(load_policy("optuna"), "optuna")
-        if decision is None:
-            raise APIError(409, f"an Optuna search is already running (policy {controller.policy_name})",
-                           kind="conflict_error")
-        return {"name": controller.policy_name, "decision": decision}
+        return switched(controller.start_search(load_policy("optuna"), "optuna"),
+                        "an Optuna search is already running")
 
     @router.post("/admin/search/stop", dependencies=admin)
     async def stop_search():
-        decision = controller.stop_search(load_policy("default"), "default")
-        if decision is None:
-            raise APIError(409, f"no Optuna search is running (policy {controller.policy_name})",
-                           kind="conflict_error")
-        return {"name": controller.policy_name, "decision": decision}
+        return switched(controller.stop_search(load_policy("default"), "default"), "no Optuna search is running")
 
     @router.post("/alerts", dependencies=admin)
     async def receive_alerts(payload: AlertmanagerPayload):

@@ -10,15 +10,10 @@ from dataclasses import dataclass
 
 from controller.clients import EngineClient, EngineClientError
 from controller.counters import CountingSink, MetricsSink
-from controller.rule_policy import Proposal, RulePolicy
+from controller.rule_policy import RulePolicy
 from controller.store import Pin, Store
-from controller.window_stats import (
-    merge_windows,
-    no_data_reason,
-    slo_breaches,
-    tokens_per_busy_second,
-    window_summary,
-)
+from controller.strategy import Proposal, Strategy
+from controller.window_stats import merge_windows, no_data_reason, slo_breaches, tokens_per_busy_second, window_summary
 from policies import Policy
 from seam import EngineConfig, Window
 
@@ -319,9 +314,10 @@ class Controller:
         self.on_decision(decision, action, reason)
         return decision
 
-    def _strategy_for(self, policy: Policy):
+    def _strategy_for(self, policy: Policy) -> Strategy:
         if policy.kind == "optuna":
-            from controller.optuna_search import OptunaSearch  # optuna is heavy: imported only when searching
+            # optuna is heavy (it loads alembic and the samplers): imported only when a search runs
+            from controller.optuna_search import OptunaSearch
             return OptunaSearch(policy, self.store.url)
         return RulePolicy(policy)
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
-from controller.rule_policy import Proposal
+from controller.strategy import Proposal
 from controller.window_stats import tokens_per_busy_second
 from policies import Policy
 from seam import EngineConfig, Window
 
 
 class OptunaSearch:
+    """A Strategy: each proposal is an Optuna trial, told its window's tokens per busy second."""
     name = "optuna"
 
     def __init__(self, policy: Policy, storage_url: str):

@@ -7,22 +7,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from controller.goodput import GoodputModel, batch_band
+from controller.strategy import Proposal
 from controller.window_stats import tokens_per_busy_second
 from engine.placement import Topology, balancedness, tokens_per_device
 from engine.planner import plan_placement
 from policies import Policy
 from seam import EngineConfig, Window
-
-
-@dataclass(frozen=True)
-class Proposal:
-    config: EngineConfig        # unversioned; the loop records it as a new version
-    kind: str                   # draft_len | fallback_probe | speculation_probe | capacity_factor | placement
-    reason: str
-    keep_gain: float            # keep the trial if its tokens per busy second / the baseline's >= this
-    predicted_gain: float | None = None
-    inputs: dict = field(default_factory=dict)
-    optuna_trial: object | None = None
 
 
 @dataclass
@@ -36,6 +26,7 @@ class RuleState:
 
 
 class RulePolicy:
+    """A Strategy: rules over the goodput model, mode probes, capacity factor from drops, placement from heat."""
     name = "rules"
 
     def __init__(self, policy: Policy, state: RuleState | None = None):

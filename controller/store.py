@@ -7,24 +7,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import (
-    JSON,
-    DateTime,
-    Float,
-    ForeignKey,
-    Integer,
-    String,
-    UniqueConstraint,
-    create_engine,
-    event,
-    select,
-)
-from sqlalchemy.exc import (
-    ArgumentError,
-    IntegrityError,
-    NoSuchModuleError,
-    OperationalError,
-)
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, UniqueConstraint, create_engine, \
+    event, select
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from seam import EngineConfig
