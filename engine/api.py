@@ -11,12 +11,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
-from engine.api_common import (
-    APIError,
-    bearer_guard,
-    install_error_handlers,
-    invalid_body,
-)
+from engine.api_common import APIError, bearer_guard, install_error_handlers, invalid_body
 from engine.api_schema import ChatCompletionRequest, CompletionRequest
 from engine.engine import Emission, RequestError
 from engine.metrics import CONTENT_TYPE, EngineMetrics

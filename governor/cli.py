@@ -5,15 +5,10 @@ import argparse
 import sys
 
 from governor.bench import add_bench_commands
-from governor.control_cli import (
-    add_control_arguments,
-    add_policy_arguments,
-    run_control,
-)
+from governor.control_cli import add_control_arguments, add_policy_arguments, run_control
 from governor.load_cli import add_load_arguments, run_load
 from governor.plan_cli import add_plan_arguments, run_plan
 from governor.serve import add_serve_arguments, run_serve
-
 
 # name, help, add_arguments(parser), run(args) -> exit status (None: its subcommands set their own)
 COMMANDS = (

@@ -11,7 +11,7 @@ from controller.clients import EngineClientError, HttpClient
 from controller.plane import build_control_plane, print_decision
 from controller.store import StoreError
 from governor.settings import DEFAULT_DB, DEFAULT_POLICY
-from policies import PolicyError, load_policy
+from policies import Policy, PolicyError, load_policy
 
 
 def add_control_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,11 +49,18 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     check.set_defaults(run=run_policy_check)
 
 
-def run_policy_check(args: argparse.Namespace) -> int:
+def policy_or_none(spec: str, prefix: str) -> Policy | None:
+    """The policy a file or shipped name holds, or None after saying why on stderr (prefix: command and flag)."""
     try:
-        policy = load_policy(args.file)
+        return load_policy(spec)
     except PolicyError as error:
-        print(f"governor policy check: {error}", file=sys.stderr)
+        print(f"{prefix}: {error}", file=sys.stderr)
+        return None
+
+
+def run_policy_check(args: argparse.Namespace) -> int:
+    policy = policy_or_none(args.file, "governor policy check")
+    if policy is None:
         return 2
     slo = policy.slo
     print(f"{args.file}: ok, {policy.kind} policy; window {policy.window.seconds:g} s "

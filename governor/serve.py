@@ -23,9 +23,9 @@ from engine.metrics import EngineMetrics
 from engine.model_spec import ModelFolderError
 from engine.service import EngineService
 from engine.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
+from governor.control_cli import policy_or_none
 from governor.loaders import load_models
 from governor.settings import Settings
-from policies import PolicyError, load_policy
 
 
 def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
@@ -59,13 +59,9 @@ def run_serve(args: argparse.Namespace) -> int:
     except TracingConfigError as error:
         print(f"governor serve: {error}", file=sys.stderr)
         return 2
-    policy = None
-    if settings.controller:
-        try:
-            policy = load_policy(settings.policy)
-        except PolicyError as error:
-            print(f"governor serve: --policy: {error}", file=sys.stderr)
-            return 2
+    policy = policy_or_none(settings.policy, "governor serve: --policy") if settings.controller else None
+    if settings.controller and policy is None:
+        return 2
     print(f"governor: loading {settings.model} ...", file=sys.stderr, flush=True)
     try:
         models = load_models(settings.model, settings.draft)

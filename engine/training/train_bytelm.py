@@ -15,30 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    MixtralConfig,
-    MixtralForCausalLM,
-    PreTrainedModel,
-)
+from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, PreTrainedModel
 
-from engine.training.data import (
-    BOS,
-    EOS,
-    PAD,
-    VOCAB_SIZE,
-    encode_files,
-    random_windows,
-    stdlib_files,
-)
-from engine.training.evaluate import (
-    bits_per_byte,
-    expert_token_share,
-    greedy_acceptance,
-    heldout_contexts,
-    load_fp32,
-)
+from engine.training.data import BOS, EOS, PAD, VOCAB_SIZE, encode_files, random_windows, stdlib_files
+from engine.training.evaluate import bits_per_byte, expert_token_share, greedy_acceptance, heldout_contexts, load_fp32
 
 SEQ_LEN = 512
 ROPE = {"rope_type": "default", "rope_theta": 10000.0}

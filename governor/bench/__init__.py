@@ -7,12 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from governor.bench import (
-    controller_vs_static,
-    moe_parts,
-    speculation,
-    telemetry_overhead,
-)
+from governor.bench import controller_vs_static, moe_parts, speculation, telemetry_overhead
 
 BENCHMARKS = (speculation, telemetry_overhead, moe_parts, controller_vs_static)
 

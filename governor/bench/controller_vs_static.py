@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -27,8 +26,9 @@ from engine.loadgen import LoadResult, Phase, run_phases
 from engine.local_server import serving_in_thread
 from engine.service import EngineService
 from governor.bench import report
+from governor.control_cli import policy_or_none
 from governor.loaders import load_models
-from policies import Policy, PolicyError, load_policy
+from policies import Policy
 from seam import EngineConfig
 
 NAME = "controller"
@@ -67,10 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        policy = load_policy(args.policy)
-    except PolicyError as error:
-        print(f"governor bench controller: --policy: {error}", file=sys.stderr)
+    policy = policy_or_none(args.policy, "governor bench controller: --policy")
+    if policy is None:
         return 2
     if args.quick:
         args.phase_seconds, args.max_tokens = min(args.phase_seconds, 4.0), min(args.max_tokens, 16)
@@ -82,13 +80,10 @@ def run(args: argparse.Namespace) -> int:
         report.progress(f"[{len(arms) + 1}/{len(names) + 1}] {name}: {len(phases)} phases of {args.phase_seconds:g} s")
         arms.append(_run_arm(name, models, phases, policy))
     data = _report(arms, phases, policy, args)
-    report.write_json(args.out / "controller.json", data)
-    report.save_figure(_figure(arms, phases, policy), args.out / "controller.png")
-    print(_table(data), flush=True)
-    for target in data["targets"].values():
-        print(f"target {target['name']}: {target['value']:.3f} vs {target['target']:.2f} -> "
-              f"{'met' if target['met'] else 'NOT met'}", flush=True)
-    print(f"wrote {args.out / 'controller.json'} and {args.out / 'controller.png'}", flush=True)
+    verdicts = [f"target {target['name']}: {target['value']:.3f} vs {target['target']:.2f} -> "
+                f"{'met' if target['met'] else 'NOT met'}" for target in data["targets"].values()]
+    report.write_results(args.out, "controller", data, _figure(arms, phases, policy),
+                         "\n".join([_table(data), *verdicts]))
     return 0
 
 

@@ -106,10 +106,7 @@ def run(args: argparse.Namespace) -> int:
         "placement": placed,
         "wall_seconds": time.perf_counter() - started,
     }
-    report.write_json(args.out / "moe.json", data)
-    report.save_figure(_figure(data), args.out / "moe.png")
-    report.progress(_summary(data))
-    report.progress(f"wrote {args.out / 'moe.json'} and {args.out / 'moe.png'} in {data['wall_seconds']:.0f} s")
+    report.write_results(args.out, "moe", data, _figure(data), _summary(data))
     return 0
 
 

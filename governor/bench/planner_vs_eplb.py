@@ -13,13 +13,7 @@ import time
 
 import numpy as np
 
-from engine.placement import (
-    Topology,
-    identity_placement,
-    placement_balancedness,
-    slot_tokens,
-    tokens_per_device,
-)
+from engine.placement import Topology, identity_placement, placement_balancedness, slot_tokens, tokens_per_device
 from engine.planner import plan_placement
 from governor.bench import report
 from governor.bench.eplb import eplb_placement
@@ -80,11 +74,8 @@ def run(args: argparse.Namespace) -> int:
         "wall_seconds": time.perf_counter() - started,
     }
     heat = heats.get(HEATMAP_SKEW, heats[skews[len(skews) // 2]])
-    report.write_json(args.out / "moe_planner.json", data)
-    report.save_figure(_figure(data, heat, Topology(NODES, DEVICES, HEATMAP_SLOTS)), args.out / "moe_planner.png")
-    report.progress(_summary(data))
-    report.progress(f"wrote {args.out / 'moe_planner.json'} and {args.out / 'moe_planner.png'} "
-                    f"in {data['wall_seconds']:.0f} s")
+    report.write_results(args.out, "moe_planner", data, _figure(data, heat, Topology(NODES, DEVICES, HEATMAP_SLOTS)),
+                         _summary(data))
     return 0
 
 

@@ -81,6 +81,15 @@ def save_figure(figure, path: Path) -> None:
     figure.savefig(path, dpi=110, bbox_inches="tight")
 
 
+def write_results(folder: Path, name: str, data: dict, figure, summary: str) -> None:
+    """NAME.json and NAME.png in folder, then the summary and where they went."""
+    write_json(folder / f"{name}.json", data)
+    save_figure(figure, folder / f"{name}.png")
+    progress(summary)
+    took = f" in {data['wall_seconds']:.0f} s" if "wall_seconds" in data else ""
+    progress(f"wrote {folder / f'{name}.json'} and {folder / f'{name}.png'}{took}")
+
+
 def progress(line: str) -> None:
     print(line, flush=True)
 

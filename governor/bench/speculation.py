@@ -5,6 +5,9 @@ draft/target cost ratio c, the target's forward time per step as k grows, and th
 Leviathan et al.'s prediction from the measured acceptance and cost. Peers run in the same process on the same
 weights: transformers `generate`, and assisted generation (draft model) or prompt lookup (n-gram). Then all
 concurrency prompts at once against transformers serving them one by one. Writes spec.json and spec.png.
+
+Here: the runs and Leviathan's maths; the transformers peer is in speculation_hf.py, the figure and summary in
+speculation_report.py.
 """
 from __future__ import annotations
 
@@ -15,23 +18,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from engine.engine import Engine
 from engine.factory import LoadedModels, build_engine
 from engine.loadgen import prompt_set
 from governor.bench import report
-from governor.loaders import default_cache_dir, load_models, model_folder, pick_device
+from governor.bench.speculation_hf import WARM_UP_TOKENS, hf_models, hf_peer, hf_tokens_per_second
+from governor.bench.speculation_report import figure, point_line, summary
+from governor.loaders import load_models, pick_device
 from governor.registry import DEFAULT_MODEL, SMOLLM2
 from seam import MAX_DRAFT_LEN, EngineConfig, SamplingParams
 
 NAME = "spec"
 HELP = "speculative decoding: k = 0..8, beside transformers"
 PLAIN = EngineConfig(spec_method="off", draft_len=0)
-WARM_UP_TOKENS = 8
 QUICK_PROMPTS, QUICK_MAX_TOKENS = 2, 16
-PEER_NAMES = {"draft_model": "HF assisted generation", "ngram": "HF prompt lookup"}
-ASSISTANT_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 NOTES = {
     "acceptance_rate": "accepted / drafted tokens (vLLM's definition)",
     "acceptance_per_position": "drafts accepted through position j / drafts reaching position j",
@@ -115,10 +115,7 @@ def run(args: argparse.Namespace) -> int:
         "targets": [target for result in results for drafter in result["drafters"] for target in drafter["targets"]],
         "wall_seconds": time.perf_counter() - started,
     }
-    report.write_json(args.out / "spec.json", data)
-    report.save_figure(_figure(results), args.out / "spec.png")
-    report.progress(_summary(data))
-    report.progress(f"wrote {args.out / 'spec.json'} and {args.out / 'spec.png'} in {data['wall_seconds']:.0f} s")
+    report.write_results(args.out, "spec", data, figure(results), summary(data))
     return 0
 
 
@@ -143,11 +140,11 @@ def _bench_model(name: str, args: argparse.Namespace) -> dict:
     bench = _load(name, args)
     plain = _serve_one_by_one(bench.engine, PLAIN, bench.prompts, bench.max_tokens)
     plain_point = _sweep_point(0, plain, plain)
-    report.progress(_point_line(name, "off", plain_point))
+    report.progress(point_line(name, "off", plain_point))
     sweeps = {method: [plain_point, *_sweep(bench, method, plain, args.k_max)] for method in plan.methods}
-    hf_generate = _hf_tokens_per_second(bench.hf_target, bench.prompts, bench.max_tokens)
+    hf_generate = hf_tokens_per_second(bench.hf_target, bench.prompts, bench.max_tokens)
     report.progress(f"{name}  HF generate  {hf_generate:8.1f} tok/s at batch 1")
-    hf_one_by_one = _hf_tokens_per_second(bench.hf_target, bench.crowd, bench.max_tokens)
+    hf_one_by_one = hf_tokens_per_second(bench.hf_target, bench.crowd, bench.max_tokens)
     concurrent_plain = _serve_concurrently(bench.engine, PLAIN, bench.crowd, bench.max_tokens)
     report.progress(f"{name}  {len(bench.crowd)} requests: HF one by one {hf_one_by_one:.1f} tok/s, "
                     f"ours at once k=0 {concurrent_plain:.1f} tok/s")
@@ -170,7 +167,7 @@ def _load(name: str, args: argparse.Namespace) -> ModelBench:
     max_tokens = args.max_tokens or (QUICK_MAX_TOKENS if args.quick else plan.max_tokens)
     report.progress(f"{name}: loading it into the engine and into transformers ...")
     models = load_models(name)
-    hf_target, hf_draft = _hf_models(models)
+    hf_target, hf_draft = hf_models(models)
     return ModelBench(name, models.draft_name, build_engine(models, PLAIN), hf_target, hf_draft,
                       prompts=_prompt_ids(models, plan.prompt_kind, num_prompts),
                       crowd=_prompt_ids(models, plan.prompt_kind, args.concurrency), max_tokens=max_tokens)
@@ -182,14 +179,14 @@ def _sweep(bench: ModelBench, method: str, plain: Run, k_max: int) -> list[dict]
         run = _serve_one_by_one(bench.engine, EngineConfig(spec_method=method, draft_len=k), bench.prompts,
                                 bench.max_tokens)
         points.append(_sweep_point(k, run, plain))
-        report.progress(_point_line(bench.name, method, points[-1]))
+        report.progress(point_line(bench.name, method, points[-1]))
     return points
 
 
 def _bench_drafter(bench: ModelBench, method: str, sweep: list[dict], concurrent_plain: float,
                    hf_one_by_one: float) -> dict:
     best = max(sweep[1:], key=lambda point: point["tokens_per_second"])
-    peer = _hf_peer(bench, method, best["k"])
+    peer = hf_peer(bench.name, bench.hf_target, bench.hf_draft, bench.prompts, bench.max_tokens, method, best["k"])
     concurrent = _serve_concurrently(bench.engine, EngineConfig(spec_method=method, draft_len=best["k"]), bench.crowd,
                                      bench.max_tokens)
     report.progress(f"{bench.name}  {method}  {len(bench.crowd)} requests at once, k={best['k']}: "
@@ -330,175 +327,3 @@ def _leviathan_alpha(tokens_per_step: float, k: int) -> float:
         middle = (low + high) / 2
         low, high = (middle, high) if _expected_tokens_per_step(middle, k) < tokens_per_step else (low, middle)
     return (low + high) / 2
-
-
-def _point_line(model: str, method: str, point: dict) -> str:
-    line = (f"{model}  {method:<11} k={point['k']}  {point['tokens_per_second']:8.1f} tok/s  target "
-            f"{1000 * point['target_forward_seconds_per_step']:.2f} ms/step (x{point['target_cost_growth']:.2f})")
-    if point["k"] == 0:
-        return line
-    return line + (f"  speed-up {point['speedup']:.2f} vs predicted {_number(point['predicted_speedup'])}"
-                   f"  a={_number(point['acceptance_rate'])} alpha={_number(point['alpha'])}"
-                   f" c={_number(point['cost_ratio'], 3)}  per position "
-                   + " ".join(f"{a:.2f}" for a in point["acceptance_per_position"]))
-
-
-def _number(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-# -- transformers -----------------------------------------------------------------------------------------------
-
-
-def _hf_models(models: LoadedModels):
-    """The target and draft as transformers models, from the very folders (and layers) the engine loaded."""
-    folder = model_folder(models.name, default_cache_dir())
-    target = _hf_load(folder)
-    if models.draft_name is None:
-        return target, None
-    if models.draft_name.startswith("self:"):
-        return target, _hf_load(folder, num_hidden_layers=int(models.draft_name.removeprefix("self:")))
-    return target, _hf_load(model_folder(models.draft_name, default_cache_dir()))
-
-
-def _hf_load(folder: Path, **overrides):
-    from transformers import AutoModelForCausalLM
-
-    device, dtype = pick_device()
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **overrides).to(device).eval()
-
-
-def _hf_peer(bench: ModelBench, method: str, best_k: int) -> dict:
-    if method == "draft_model":
-        settings = _assistant_settings(bench.hf_draft)
-        options = {"assistant_model": bench.hf_draft}
-    else:
-        settings = options = {"prompt_lookup_num_tokens": best_k}
-    tokens_per_second = _hf_tokens_per_second(bench.hf_target, bench.prompts, bench.max_tokens, **options)
-    report.progress(f"{bench.name}  {PEER_NAMES[method]}  {tokens_per_second:8.1f} tok/s at batch 1  {settings}")
-    return {"name": PEER_NAMES[method], "settings": settings, "tokens_per_second": tokens_per_second}
-
-
-def _assistant_settings(hf_draft) -> dict:
-    """What assisted generation will use: the draft's generation config, else transformers' own defaults."""
-    config = hf_draft.generation_config
-    defaults = config._get_default_generation_params()
-    return {name: defaults[name] if getattr(config, name) is None else getattr(config, name)
-            for name in ASSISTANT_SETTINGS}
-
-
-def _hf_tokens_per_second(model, prompts: list[list[int]], max_tokens: int, **options) -> float:
-    _hf_generate(model, prompts[0], WARM_UP_TOKENS, options)
-    started = time.perf_counter()
-    tokens = sum(_hf_generate(model, ids, max_tokens, options) for ids in prompts)
-    return tokens / (time.perf_counter() - started)
-
-
-def _hf_generate(model, prompt_ids: list[int], max_tokens: int, options: dict) -> int:
-    input_ids = torch.tensor([prompt_ids], device=model.device)
-    output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                            max_new_tokens=max_tokens, min_new_tokens=max_tokens, **options)
-    return output.shape[1] - input_ids.shape[1]
-
-
-# -- figure and summary -----------------------------------------------------------------------------------------
-
-
-def _figure(results: list[dict]):
-    from matplotlib.figure import Figure
-
-    rows = [(result, drafter) for result in results for drafter in result["drafters"]]
-    figure = Figure(figsize=(26, 4.4 * len(rows)), layout="constrained")
-    axes = figure.subplots(len(rows), 5, squeeze=False)
-    for (result, drafter), row in zip(rows, axes):
-        _plot_throughput(row[0], result, drafter)
-        _plot_speedup(row[1], drafter)
-        _plot_acceptance(row[2], drafter)
-        _plot_costs(row[3], drafter)
-        _plot_concurrency(row[4], result, drafter)
-    figure.suptitle("Speculative decoding: Governor engine beside Hugging Face transformers (same weights, greedy)")
-    return figure
-
-
-def _ks(drafter: dict) -> list[int]:
-    return [point["k"] for point in drafter["sweep"]]
-
-
-def _series(drafter: dict, key: str) -> list[float]:
-    return [float("nan") if point[key] is None else point[key] for point in drafter["sweep"]]
-
-
-def _plot_throughput(ax, result: dict, drafter: dict) -> None:
-    ax.plot(_ks(drafter), _series(drafter, "tokens_per_second"), "o-", label="Governor")
-    best = drafter["sweep"][drafter["best_k"]]
-    ax.plot([best["k"]], [best["tokens_per_second"]], "*", markersize=16, color="C3", label=f"best k={best['k']}")
-    ax.axhline(result["hf_generate_tokens_per_second"], color="gray", linestyle="--", label="HF generate")
-    ax.axhline(drafter["peer"]["tokens_per_second"], color="C1", linestyle=":", label=drafter["peer"]["name"])
-    ax.set(title=f"{result['model']} · {drafter['method']}: tokens/s at batch 1", xlabel="draft length k",
-           ylabel="tokens/s")
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
-
-
-def _plot_speedup(ax, drafter: dict) -> None:
-    ks = _ks(drafter)
-    ax.plot(ks, _series(drafter, "speedup"), "o-", label="measured")
-    ax.plot(ks, _series(drafter, "predicted_speedup"), "s--", label="Leviathan (flat target cost)")
-    ax.plot(ks, _series(drafter, "predicted_speedup_measured_target_cost"), "^:",
-            label="Leviathan with measured target cost")
-    ax.axhline(1.0, color="gray", linewidth=0.8)
-    ax.set(title="speed-up over k=0", xlabel="draft length k", ylabel="x plain decoding")
-    ax.legend(fontsize=8)
-
-
-def _plot_acceptance(ax, drafter: dict) -> None:
-    from matplotlib import colormaps
-
-    colors = colormaps["viridis"]
-    points = drafter["sweep"][1:]
-    for point in points:
-        per_position = point["acceptance_per_position"]
-        ax.plot(range(1, len(per_position) + 1), per_position, "o-", markersize=3,
-                color=colors(point["k"] / max(len(points), 1)), label=f"k={point['k']}")
-    ax.set(title="acceptance per draft position", xlabel="position", ylabel="accepted through position", ylim=(0, 1.02))
-    ax.legend(fontsize=7, ncol=2)
-
-
-def _plot_costs(ax, drafter: dict) -> None:
-    ks = _ks(drafter)
-    ax.plot(ks, _series(drafter, "target_cost_growth"), "o-", label="target forward time per step ÷ k=0")
-    ax.plot(ks, _series(drafter, "cost_ratio"), "s--", label="draft cost ratio c")
-    ax.plot(ks, _series(drafter, "alpha"), "^:", label="acceptance alpha")
-    ax.set(title="measured costs and acceptance", xlabel="draft length k", ylabel="ratio")
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
-
-
-def _plot_concurrency(ax, result: dict, drafter: dict) -> None:
-    n = result["concurrency"]
-    labels = ["HF one by one", f"Governor ×{n}\nk=0", f"Governor ×{n}\nk={drafter['best_k']}"]
-    values = [result["hf_one_by_one_tokens_per_second"], result["concurrent_plain_tokens_per_second"],
-              drafter["concurrent_tokens_per_second"]]
-    bars = ax.bar(labels, values, color=["gray", "C0", "C2"])
-    ax.bar_label(bars, [f"{v:.0f} tok/s\n{v / values[0]:.1f}x" for v in values], fontsize=8)
-    ax.set(title=f"{n} requests: at once vs one by one", ylabel="tokens/s")
-    ax.margins(y=0.25)
-
-
-def _summary(data: dict) -> str:
-    headers = ["model", "drafter", "best k", "tok/s k=0", "tok/s best", "speed-up", "predicted", "meas/pred",
-               "HF gen", "HF peer", "vs peer", f"x{data['settings']['concurrency']} tok/s", "vs HF 1-by-1"]
-    rows = [_summary_row(result, drafter) for result in data["models"] for drafter in result["drafters"]]
-    verdicts = [f"  [{'met' if t['met'] else 'NOT met'}] {t['model']} {t['method']}: {t['target']}: "
-                f"{_number(t['value'])}" for t in data["targets"]]
-    return "\n".join([report.table(headers, rows), "targets:", *verdicts])
-
-
-def _summary_row(result: dict, drafter: dict) -> list[str]:
-    plain, best = drafter["sweep"][0], drafter["sweep"][drafter["best_k"]]
-    concurrent = max(drafter["concurrent_tokens_per_second"], result["concurrent_plain_tokens_per_second"])
-    return [result["model"], drafter["method"], str(drafter["best_k"]), f"{plain['tokens_per_second']:.1f}",
-            f"{best['tokens_per_second']:.1f}", f"{best['speedup']:.2f}", _number(best["predicted_speedup"]),
-            _number(drafter["speedup_over_predicted"]), f"{result['hf_generate_tokens_per_second']:.1f}",
-            f"{drafter['peer']['tokens_per_second']:.1f}", f"{drafter['over_peer']:.2f}", f"{concurrent:.1f}",
-            f"{drafter['concurrent_over_hf_one_by_one']:.2f}"]

@@ -109,11 +109,9 @@ def run(args: argparse.Namespace) -> int:
         on.close()
     data = _results(args, machine, str(device), str(dtype).removeprefix("torch."), runs)
     data["wall_seconds"] = time.perf_counter() - started
-    report.write_json(args.out / "telemetry.json", data)
-    report.save_figure(_figure(data), args.out / "telemetry.png")
-    report.progress(f"telemetry on / off: {data['ratio']:.3f} (median of {args.repetitions} pairs; target >= "
-                    f"{TARGET_RATIO}: {'met' if data['target_met'] else 'NOT met'})")
-    report.progress(f"wrote {args.out / 'telemetry.json'} and {args.out / 'telemetry.png'}")
+    report.write_results(args.out, "telemetry", data, _figure(data),
+                         f"telemetry on / off: {data['ratio']:.3f} (median of {args.repetitions} pairs; target >= "
+                         f"{TARGET_RATIO}: {'met' if data['target_met'] else 'NOT met'})")
     return 0
 
 
@@ -132,9 +130,7 @@ def _arm_off(models: LoadedModels) -> Arm:
 def _arm_on(models: LoadedModels) -> Arm:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
-        InMemorySpanExporter,
-    )
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     exporter, provider = InMemorySpanExporter(), TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(exporter))

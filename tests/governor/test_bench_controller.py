@@ -1,23 +1,9 @@
 """`governor bench controller --quick`: every arm served in-process, figures in JSON and a PNG (targets not checked)."""
-import json
-
-import pytest
-
 from governor.cli import main
 
+BENCH = ["controller", "--quick"]
+RESULT = "controller"
 PHASES = ["code-greedy", "prose-hot", "code-shifted-qps"]
-
-
-@pytest.fixture(scope="module")
-def out(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bench-controller")
-    assert main(["bench", "controller", "--quick", "--out", str(folder)]) == 0
-    return folder
-
-
-@pytest.fixture(scope="module")
-def data(out) -> dict:
-    return json.loads((out / "controller.json").read_text())
 
 
 def test_writes_a_timeline_plot(out):

@@ -1,22 +1,10 @@
 """`governor bench moe --quick`: real EP=2 ranks on the CPU, figures in JSON and a PNG."""
-import json
-
 import pytest
 
 from governor.cli import main
 
-
-@pytest.fixture(scope="module")
-def out(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bench-moe")
-    assert main(["bench", "moe", "--part", "runtime", "--quick", "--capacity-factors", "0.5", "0",
-                 "--out", str(folder)]) == 0
-    return folder
-
-
-@pytest.fixture(scope="module")
-def data(out) -> dict:
-    return json.loads((out / "moe.json").read_text())
+BENCH = ["moe", "--part", "runtime", "--quick", "--capacity-factors", "0.5", "0"]
+RESULT = "moe"
 
 
 def test_writes_a_plot(out):

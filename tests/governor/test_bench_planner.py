@@ -1,22 +1,8 @@
 """`governor bench moe --part planner --quick`: JSON and PNG, every planner on every load, the peer beaten or tied."""
-import json
 import math
 
-import pytest
-
-from governor.cli import main
-
-
-@pytest.fixture(scope="module")
-def out(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bench")
-    assert main(["bench", "moe", "--part", "planner", "--quick", "--out", str(folder)]) == 0
-    return folder
-
-
-@pytest.fixture(scope="module")
-def data(out) -> dict:
-    return json.loads((out / "moe_planner.json").read_text())
+BENCH = ["moe", "--part", "planner", "--quick"]
+RESULT = "moe_planner"
 
 
 def test_writes_a_plot(out):

@@ -1,23 +1,8 @@
-import json
 import math
 
-import pytest
-
-from governor.cli import main
-
+BENCH = ["spec", "--quick", "--models", "governor-moe"]
+RESULT = "spec"
 K_MAX = 8
-
-
-@pytest.fixture(scope="module")
-def out(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bench")
-    assert main(["bench", "spec", "--quick", "--models", "governor-moe", "--out", str(folder)]) == 0
-    return folder
-
-
-@pytest.fixture(scope="module")
-def data(out) -> dict:
-    return json.loads((out / "spec.json").read_text())
 
 
 def _numbers(value):

@@ -1,22 +1,12 @@
 """`governor bench telemetry --quick`: both arms measured in interleaved repetitions, JSON + PNG written."""
-import json
 import statistics
 
 import pytest
 
 from governor.cli import main
 
-
-@pytest.fixture(scope="module")
-def out(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bench")
-    assert main(["bench", "telemetry", "--quick", "--out", str(folder)]) == 0
-    return folder
-
-
-@pytest.fixture(scope="module")
-def data(out) -> dict:
-    return json.loads((out / "telemetry.json").read_text())
+BENCH = ["telemetry", "--quick"]
+RESULT = "telemetry"
 
 
 def test_writes_a_plot(out):
