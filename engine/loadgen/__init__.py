@@ -3,7 +3,15 @@
 from engine.loadgen.arrivals import burst, constant, poisson
 from engine.loadgen.phases import DEMO_FILE, Phase, PhaseFileError, load_phases, parse_phases
 from engine.loadgen.prompts import Prompt, prompt_set
-from engine.loadgen.runner import LoadError, LoadResult, PhaseSummary, Record, loop_forever, run_forever, run_phases
+from engine.loadgen.runner import (
+    LoadError,
+    LoadResult,
+    PhaseSummary,
+    Record,
+    loop_forever,
+    run_forever,
+    run_phases,
+)
 
 __all__ = [
     "DEMO_FILE",
