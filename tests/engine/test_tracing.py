@@ -3,12 +3,10 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-import uvicorn
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -19,6 +17,7 @@ from engine.api import create_app
 from engine.engine import Engine
 from engine.factory import build_engine
 from engine.limits import EngineLimits
+from engine.local_server import serving_in_thread
 from engine.service import EngineService
 from engine.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
 from seam import EngineConfig
@@ -51,20 +50,8 @@ def tracer(exporter):
 @pytest.fixture
 def server(moe_models, tracer):
     service = EngineService(build_engine(moe_models, EngineConfig(draft_len=3)))
-    service.start()
-    uv = uvicorn.Server(uvicorn.Config(create_app(service, MODEL, "token", tracer=tracer), host="127.0.0.1", port=0,
-                                       log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert uv.started, "uvicorn did not start"
-    port = uv.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    uv.should_exit = True
-    thread.join(timeout=10)
-    service.stop()
+    with serving_in_thread(create_app(service, MODEL, "token", tracer=tracer), service) as url:
+        yield url
 
 
 def test_a_completion_is_one_span_with_the_genai_attributes(server, exporter):
