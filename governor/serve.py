@@ -28,20 +28,25 @@ from governor.loaders import load_models
 from governor.settings import Settings
 
 
+DEFAULTS = {name: field.default for name, field in Settings.model_fields.items()}
+
+
 def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     """Flags default to None so that only the ones given override Settings (environment, then defaults)."""
-    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default 8000)")
-    serve.add_argument("--model", help="shipped model name, model folder or .gguf file (default governor-moe)")
+    serve.add_argument("--host", help=f"bind address (default {DEFAULTS['host']})")
+    serve.add_argument("--port", type=int, help=f"port (default {DEFAULTS['port']})")
+    serve.add_argument("--model", help=f"shipped model name, model folder or .gguf file (default {DEFAULTS['model']})")
     serve.add_argument("--draft", help="draft model name or path, self:N, or none (default: the model's own)")
     serve.add_argument("--ep", type=int, help="expert-parallel ranks: processes that share the MoE experts "
-                       "over torch.distributed (default 1: one process)")
+                       f"over torch.distributed (default {DEFAULTS['ep']}: one process)")
     serve.add_argument("--redundant-experts", type=int,
-                       help="spare expert slots for replicas, over all ranks (default 0)")
+                       help="spare expert slots for replicas, over all ranks "
+                            f"(default {DEFAULTS['redundant_experts']})")
     serve.add_argument("--demo-traffic", action="store_true", default=None,
                        help="send the built-in demo load to this server, so the dashboard shows live data")
-    serve.add_argument("--policy", help="controller policy YAML file or shipped policy name (default: default)")
-    serve.add_argument("--db", help="SQLAlchemy URL of the controller's store (default sqlite:///governor.db)")
+    serve.add_argument("--policy",
+                       help=f"controller policy YAML file or shipped policy name (default: {DEFAULTS['policy']})")
+    serve.add_argument("--db", help=f"SQLAlchemy URL of the controller's store (default {DEFAULTS['db']})")
     serve.add_argument("--no-controller", dest="controller", action="store_false", default=None,
                        help="serve the engine alone, for a `governor control` elsewhere")
 
