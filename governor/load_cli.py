@@ -31,15 +31,18 @@ QUICK_DEFAULTS = {"qps": 2.0, "duration_s": 30.0}
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (default: %(default)s)")
     parser.add_argument("--model", help="model id to request (default: the first from GET /v1/models)")
-    parser.add_argument("--phases", type=Path, metavar="FILE", help=f"YAML phase file (default: {DEMO_FILE.name}, once)")
+    parser.add_argument("--phases", type=Path, metavar="FILE",
+                        help=f"YAML phase file (default: {DEMO_FILE.name}, once)")
     quick = parser.add_argument_group("one phase from flags, instead of --phases")
-    quick.add_argument("--qps", type=_positive(float), help=f"mean requests per second (default: {QUICK_DEFAULTS['qps']})")
+    quick.add_argument("--qps", type=_positive(float),
+                       help=f"mean requests per second (default: {QUICK_DEFAULTS['qps']})")
     quick.add_argument("--duration", type=_positive(float), metavar="SECONDS",
                        help=f"how long to send (default: {QUICK_DEFAULTS['duration_s']})")
     quick.add_argument("--prompts", choices=prompts.KINDS, help="prompt set (default: code)")
     quick.add_argument("--arrival", choices=arrivals.KINDS, help="arrival process (default: poisson)")
     quick.add_argument("--burst-size", type=_positive(int), metavar="N", help="requests per burst (default: 8)")
-    quick.add_argument("--prompt-bytes", type=_positive(int), metavar="N", help="longest prompt in bytes (default: 300)")
+    quick.add_argument("--prompt-bytes", type=_positive(int), metavar="N",
+                       help="longest prompt in bytes (default: 300)")
     quick.add_argument("--temperature", type=float, help="sampling temperature, 0..2 (default: 0)")
     quick.add_argument("--top-p", type=float, help="nucleus sampling, (0, 1] (default: 1)")
     quick.add_argument("--max-tokens", type=_positive(int), metavar="N", help="tokens per request (default: 64)")
@@ -48,7 +51,8 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests in flight beyond this are dropped and counted (default: %(default)s)")
     parser.add_argument("--drain-timeout", type=_positive(float), default=60.0, metavar="SECONDS",
                         help="wait this long for requests still in flight at the end (default: %(default)s)")
-    parser.add_argument("--out", type=Path, metavar="FILE", help="write per-request records and per-phase summaries as JSON")
+    parser.add_argument("--out", type=Path, metavar="FILE",
+                        help="write per-request records and per-phase summaries as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 

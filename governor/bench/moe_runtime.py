@@ -215,7 +215,7 @@ def _figure(data: dict):
     if "after" in data["placement"]:
         balance.bar(np.arange(len(layers)) + 0.2, data["placement"]["after"]["balancedness_per_layer"], width=0.4,
                     label="placed by measured heat", color="tab:green")
-    balance.set(xticks=np.arange(len(layers)), xlabel="MoE layer", ylabel="balancedness (mean/max pairs per rank)", ylim=(0, 1.05),
-                title=f"Balance; re-placement stall {data['replacement']['mean_seconds'] * 1e3:.0f} ms")
+    balance.set(xticks=np.arange(len(layers)), xlabel="MoE layer", ylabel="balancedness (mean/max pairs per rank)",
+                ylim=(0, 1.05), title=f"Balance; re-placement stall {data['replacement']['mean_seconds'] * 1e3:.0f} ms")
     balance.legend(loc="lower left")
     return figure

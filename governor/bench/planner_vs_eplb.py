@@ -39,7 +39,8 @@ NOTES = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repeats", type=report.int_in(1, 1000), default=5, help="timed plans per planner and load (default 5)")
+    parser.add_argument("--repeats", type=report.int_in(1, 1000), default=5,
+                        help="timed plans per planner and load (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the expert orders and token draws")
 
 

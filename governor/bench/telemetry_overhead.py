@@ -35,9 +35,12 @@ QUICK = {"repetitions": 2, "prompts": 2, "max_tokens": 16}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model to serve (default {DEFAULT_MODEL})")
-    parser.add_argument("--repetitions", type=report.int_in(1, 100_000), help="interleaved pairs of runs (default 8; 2 quick)")
-    parser.add_argument("--prompts", type=report.int_in(1, 100_000), help="requests served at once per run (default 16; 2 quick)")
-    parser.add_argument("--max-tokens", type=report.int_in(1, 100_000), help="tokens generated per request (default 64; 16 quick)")
+    parser.add_argument("--repetitions", type=report.int_in(1, 100_000),
+                        help="interleaved pairs of runs (default 8; 2 quick)")
+    parser.add_argument("--prompts", type=report.int_in(1, 100_000),
+                        help="requests served at once per run (default 16; 2 quick)")
+    parser.add_argument("--max-tokens", type=report.int_in(1, 100_000),
+                        help="tokens generated per request (default 64; 16 quick)")
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench"),
                         help="folder for telemetry.json and telemetry.png")
     parser.add_argument("--quick", action="store_true", help="few short runs: a smoke run")
