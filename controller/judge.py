@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from scipy import stats
 
-from engine.window import Block
 from policies import JudgePolicy
+from seam import Block
 
 BETTER, WORSE, NO_DIFFERENCE, INCONCLUSIVE = "better", "worse", "no_difference", "inconclusive"
 EXACT_UP_TO = 25      # pairs up to which the signed-rank test uses its exact null distribution

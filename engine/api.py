@@ -2,49 +2,25 @@
 from __future__ import annotations
 
 import json
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
+from engine.api_common import APIError, bearer_guard, install_error_handlers, invalid_body
 from engine.api_schema import ChatCompletionRequest, CompletionRequest
-from engine.config import EngineConfig, Experiment
 from engine.engine import Emission, RequestError
 from engine.metrics import CONTENT_TYPE, EngineMetrics
 from engine.service import EngineService
 from engine.tracing import traced_request
+from seam import EngineConfig, Experiment
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-
-
-def _error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(status_code=error.status, content={
-        "error": {"message": error.message, "type": error.kind, "param": error.param, "code": None}})
-
-
-def field_of(loc: tuple) -> str:
-    return ".".join(str(part) for part in loc if part not in ("body", "query", "path"))
-
-
-def bearer_guard(admin_token: str | None):
-    """A dependency that refuses (401) any request without the admin bearer token."""
-    def require_admin(request: Request) -> None:
-        supplied = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not admin_token or not secrets.compare_digest(supplied.encode(), admin_token.encode()):
-            raise APIError(401, "a valid bearer token (GOVERNOR_ADMIN_TOKEN) is required", kind="authentication_error")
-    return require_admin
 
 
 def create_app(service: EngineService, model_name: str, admin_token: str | None,
@@ -56,15 +32,7 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
     app = FastAPI(title="Governor", version="0.1.0")
     engine, tokenizer = service.engine, service.engine.tokenizer
 
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, error: APIError):
-        return _error_response(error)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, error: RequestValidationError):
-        first = error.errors()[0]
-        field = "body" if first["type"] == "json_invalid" else field_of(tuple(first["loc"])) or "body"
-        return _error_response(APIError(400, f"{field}: {first['msg']}", field))
+    install_error_handlers(app)
 
     def check_model(name: str) -> None:
         if name != model_name:
@@ -132,9 +100,7 @@ def _add_engine_admin(app: FastAPI, engine, admin_token: str | None) -> None:
             change = kind.model_validate_json(await request.body())
             engine.apply(change)
         except ValidationError as error:
-            first = error.errors()[0]
-            field = field_of(tuple(first["loc"])) or "body"
-            raise APIError(400, f"{field}: {first['msg']}", field) from error
+            raise invalid_body(error) from error
         except RequestError as error:
             raise APIError(400, str(error), error.field) from error
         return change.model_dump()

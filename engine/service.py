@@ -8,8 +8,8 @@ import threading
 import uuid
 from collections.abc import AsyncIterator
 
-from engine.config import SamplingParams
 from engine.engine import Emission, Engine
+from seam import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import EngineConfig, Experiment
+from seam import EngineConfig, Experiment
 
 ORDER = ("incumbent", "candidate", "candidate", "incumbent")
 

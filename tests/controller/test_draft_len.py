@@ -3,8 +3,8 @@ within the sweep's own noise, and every draft-length trial ends with the judge's
 import time
 
 from controller.store import Decision
-from controller.windows import tokens_per_busy_second
-from engine.config import EngineConfig
+from controller.window_stats import tokens_per_busy_second
+from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 from tests.controller.traffic import ClosedLoopTraffic
 

@@ -3,8 +3,8 @@ its A/A error rate over many trials staying within 1 - confidence."""
 import numpy as np
 from controller.judge import BETTER, INCONCLUSIVE, NO_DIFFERENCE, WORSE, SwitchbackJudge, compare
 from engine.switchback import ORDER
-from engine.window import Block
 from policies import JudgePolicy
+from seam import Block
 
 SETTINGS = JudgePolicy(confidence=0.99, min_samples=8, max_blocks=96, margin=0.03)
 

@@ -3,8 +3,8 @@ decoding whatever blocks a request crossed (speculation and the draft model's KV
 every block and arm is measured on its own."""
 import pytest
 
-from engine.config import EngineConfig, Experiment, SamplingParams
 from engine.engine import RequestError
+from seam import EngineConfig, Experiment, SamplingParams
 from tests.engine.helpers import code_prompts, generate, make_engine
 
 PLAIN = EngineConfig(version=1, spec_method="off", draft_len=0)
