@@ -25,6 +25,16 @@ def test_grow_beyond_the_pool_raises_and_changes_nothing():
     assert table == [0] and allocator.num_free == 2
 
 
+def test_can_grow_says_whether_grow_would_succeed():
+    allocator = BlockAllocator(num_blocks=4, block_size=16)
+    table: list[int] = []
+    assert allocator.can_grow(table, 64) and not allocator.can_grow(table, 65)
+    allocator.grow(table, 40)
+    assert allocator.num_free == 1
+    assert allocator.can_grow(table, 64) and not allocator.can_grow(table, 65)
+    assert len(table) == 3 and allocator.num_free == 1   # asking took nothing
+
+
 def test_rejected_drafts_roll_back_by_position_only(moe_models):
     engine = make_engine(moe_models, EngineConfig(draft_len=8))
     prompt = code_prompts(moe_models.tokenizer, 1)[0]
