@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import signal
 import sys
 import threading
 
@@ -88,9 +90,11 @@ def _serve(args: argparse.Namespace) -> int:
     from engine.api import create_app
     from engine.engine import EngineLimits
     from engine.ep import ExpertParallelError
+    from engine.health import Health
     from engine.live import LiveTelemetry
     from engine.metrics import EngineMetrics
     from engine.models import build_engine, load_models
+    from engine.respawn import expert_parallel_recovery
     from engine.service import EngineService
     from engine.settings import Settings
     from engine.spec import ModelFolderError
@@ -134,7 +138,10 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"governor serve: {error}", file=sys.stderr)
         return 2
     metrics.watch_load(lambda: len(engine.scheduler.running), lambda: len(engine.scheduler.waiting))
-    service = EngineService(engine)
+    recovery = expert_parallel_recovery(engine, settings.model, settings.ep, limits, settings.redundant_experts) \
+        if engine.ep is not None else None
+    service = EngineService(engine, recovery=recovery, on_fatal=lambda _: os.kill(os.getpid(), signal.SIGTERM))
+    health = Health()
     plane = None
     if policy is not None:
         from controller.cli import build_control_plane, print_decision
@@ -150,8 +157,10 @@ def _serve(args: argparse.Namespace) -> int:
             engine.close()
             print(f"governor serve: --db: {error}", file=sys.stderr)
             return 2
+        health.add("controller", plane.controller.fault)
+        health.add("store", plane.controller.store.fault)
     app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens, metrics, tracer,
-                     admin_router=plane.router if plane else None)
+                     admin_router=plane.router if plane else None, health=health)
     app.include_router(create_dashboard_router(live, lambda: engine.config, plane.controller if plane else None))
     stop_demo = threading.Event()
 
@@ -174,6 +183,9 @@ def _serve(args: argparse.Namespace) -> int:
     app.router.lifespan_context = lifespan
     # an open dashboard holds an endless event stream: cut it after a short grace instead of waiting for the tab
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=3)
+    if service.fatal is not None:
+        print(f"governor serve: {service.fatal}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -2,6 +2,7 @@
 import pytest
 
 from engine.config import EngineConfig, SamplingParams
+from engine.engine import Failure
 from engine.kv_cache import BlockAllocator, OutOfBlocks
 from tests.engine.helpers import GREEDY, code_prompts, make_engine
 
@@ -52,7 +53,7 @@ def test_every_block_returns_after_finishes_cancellations_and_failures(moe_model
     assert not engine.abort("no-such-request")
     for _ in range(2):
         engine.step()
-    engine.fail_all()
+    engine.fail_all(Failure("test", "every request ends"))
     assert not engine.has_work
     assert engine.allocator.num_free == engine.allocator.num_blocks
     for i, prompt in enumerate(prompts[:4]):
