@@ -107,13 +107,13 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
         return {"status": "ok", "model": model_name}
 
     @app.get("/health")
-    async def liveness():
+    def liveness():
         """503 with the reasons while any component is down (a dead engine thread or rank, a stalled engine, a
-        dead controller thread, a store that cannot be written)."""
+        dead controller thread, a store that cannot be written). Not async: a probe may wait on the store."""
         return health_reply(health.problems())
 
     @app.get("/ready")
-    async def readiness():
+    def readiness():
         """As /health, and 503 while new requests would be refused (e.g. during a respawn)."""
         problems = health.problems()
         refusal = service.unavailable()
