@@ -152,7 +152,7 @@ def test_builtin_slo_evaluator_raises_one_rollback_alert_while_the_slo_is_broken
     engine, controller = build(fast_policy(slo={"inter_token_p99_seconds": 1e-6}, trial={"min_predicted_gain": 100.0}))
     AlertIntake(controller)
     with ClosedLoopTraffic(engine, prompts, concurrency=4):
-        engine.snapshot()
+        controller.client.snapshot()
         for _ in range(3):
             time.sleep(controller.policy.window.seconds)
             controller.tick()
