@@ -206,11 +206,11 @@ class Controller:
                 raise PinHeld(pin)
             from_version = self.current.version
             ended = self._end_trial_for("rolled_back")
+            if pin is not None:
+                self.store.set_pin(None)
             self._parts = []
             if not self._converge(self.last_known_good, reason):
                 raise ApplyFailed(f"rollback to v{self.last_known_good.version} failed; retried every tick")
-            if pin is not None:
-                self.store.set_pin(None)
             decision = self._decide("rollback", reason, {**(inputs or {}), "from_version": from_version,
                                                          "ended_trial": ended,
                                                          "lifted_pin": None if pin is None else pin.__dict__},
