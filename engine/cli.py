@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import signal
 import sys
 import threading
 
@@ -140,7 +138,8 @@ def _serve(args: argparse.Namespace) -> int:
     metrics.watch_load(lambda: len(engine.scheduler.running), lambda: len(engine.scheduler.waiting))
     recovery = expert_parallel_recovery(engine, settings.model, settings.ep, limits, settings.redundant_experts) \
         if engine.ep is not None else None
-    service = EngineService(engine, recovery=recovery, on_fatal=lambda _: os.kill(os.getpid(), signal.SIGTERM))
+    # a service that gives up stops the server, which then exits non-zero (server is bound below, before any start)
+    service = EngineService(engine, recovery=recovery, on_fatal=lambda _: setattr(server, "should_exit", True))
     health = Health()
     plane = None
     if policy is not None:
@@ -182,7 +181,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     app.router.lifespan_context = lifespan
     # an open dashboard holds an endless event stream: cut it after a short grace instead of waiting for the tab
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=3)
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                           timeout_graceful_shutdown=3))
+    server.run()
     if service.fatal is not None:
         print(f"governor serve: {service.fatal}", file=sys.stderr)
         return 1
