@@ -1,6 +1,7 @@
 """The controller against a real engine process (`governor serve --no-controller`): a write behind its back is
-re-applied within one tick; an apply that fails (the engine went away) leaves `current` as it was and is retried every
-tick until a restarted engine takes it; a replica that does not answer marks the fleet degraded, and the loop goes on."""
+re-applied within one tick; an apply that fails (the engine went away) leaves `current` as it was and is retried
+every tick until a restarted engine takes it; a replica that does not answer marks the fleet degraded, and the loop
+goes on."""
 import httpx
 import pytest
 
