@@ -225,17 +225,17 @@ class Controller:
         alert's pin (owner 'alert:...') of the current config holds the last known good instead, so that an
         unjudged trial config never becomes last known good."""
         with self.lock:
-            if config is None and self._trial is not None:
-                config = self.last_known_good
             if config is not None:
                 self.client.check(config)
                 config = self.store.record_config(config, owner.split(":")[0], reason)
+            elif self._trial is not None:
+                config = self.last_known_good
+            ended = None
+            if config is not None:
                 if not self._apply(config, reason):
-                    raise ApplyFailed(f"pin: applying v{config.version} failed; nothing changed")
+                    raise ApplyFailed(f"pin: applying v{config.version} failed")
                 ended = self._end_trial_for("pinned_over")
                 self.current, self._wanted = config, None
-            else:
-                ended = None
             self.store.set_pin(Pin(self.current.version, owner, reason))
             return self._decide("pin", reason, {"owner": owner, "ended_trial": ended},
                                 config_version=self.current.version, settles_alert=alert)
