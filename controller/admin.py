@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from controller.alerts import AlertIntake, AlertmanagerPayload
 from controller.clients import ApplyFailed, EngineClientError
 from controller.loop import Controller
-from controller.store import AlertRecord, ConfigVersion, Decision, Trial
+from controller.store import ConfigVersion, Decision, Trial
 from engine.api import APIError, bearer_guard, field_of
 from engine.config import EngineConfig
 from policies import PolicyError, load_policy, parse_policy, shipped_policies
@@ -96,7 +96,7 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
 
     @router.get("/admin/alerts")
     async def alerts(limit: int = Query(100, ge=1, le=10_000)):
-        return {"alerts": controller.store.rows(AlertRecord, limit)}
+        return {"alerts": controller.store.alerts(limit)}
 
     @router.get("/admin/policy")
     async def get_policy():

@@ -271,6 +271,16 @@ class Store:
                 outcome = session.get(AlertOutcome, alert_id)
                 return alert_id, None if outcome is None else outcome.outcome
 
+    def alerts(self, limit: int = 100) -> list[dict]:
+        """Alert notifications, newest first, each with its action's outcome (None: not acted on yet)."""
+        with Session(self.engine) as session:
+            query = (select(AlertRecord, AlertOutcome).outerjoin(AlertOutcome, AlertOutcome.alert_id == AlertRecord.id)
+                     .order_by(AlertRecord.id.desc()).limit(limit))
+            return [{**_as_dict(alert), "outcome": None if outcome is None else outcome.outcome,
+                     "outcome_detail": None if outcome is None else outcome.detail,
+                     "decision_id": None if outcome is None else outcome.decision_id}
+                    for alert, outcome in session.execute(query)]
+
     def settle_alert(self, alert_id: int, outcome: str, detail: str) -> None:
         """Record an alert outcome that has no decision of its own (skipped without effect, or failed)."""
         with Session(self.engine) as session, session.begin():

@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import FileResponse, HTMLResponse, StreamingResponse
 
 from controller.loop import Controller
-from controller.store import AlertRecord, ConfigVersion, Decision
+from controller.store import ConfigVersion, Decision
 from engine.config import EngineConfig
 from engine.live import LiveTelemetry
 from policies import shipped_policies
@@ -70,7 +70,7 @@ def dashboard_state(live: LiveTelemetry, config: Callable[[], EngineConfig], con
     decisions = store.rows(Decision, ROWS)
     return {**state, "config": now["config"], "controller": now,
             "speculation": speculation_state(EngineConfig(**now["config"]), decisions, now["pin"]),
-            "history": store.rows(ConfigVersion, ROWS), "decisions": decisions, "alerts": store.rows(AlertRecord, ROWS)}
+            "history": store.rows(ConfigVersion, ROWS), "decisions": decisions, "alerts": store.alerts(ROWS)}
 
 
 def speculation_state(current: EngineConfig, decisions: list[dict], pin: dict | None) -> str:

@@ -116,6 +116,7 @@ def test_a_slow_down_fires_the_shipped_rule_and_alertmanager_makes_the_controlle
         (alert,) = [a for a in httpx.get(f"{governor_url}/admin/alerts").json()["alerts"] if a["name"] == ALERT]
         assert alert["labels"]["governor_action"] == "rollback" and alert["labels"]["job"] == "governor"
         assert alert["status"] == "firing" and alert["source"] == "alertmanager"
+        assert (alert["outcome"], alert["decision_id"]) == ("acted", rollback["id"])
 
         governor.wait_until(lambda: any(a["status"] == "resolved" for a in httpx.get(
             f"{governor_url}/admin/alerts").json()["alerts"]), timeout=60, what=f"{ALERT} resolved")

@@ -34,8 +34,9 @@ def test_an_alert_recorded_but_not_acted_on_before_a_kill_is_acted_on_once_after
         assert again.status_code == 200 and again.json()["duplicates"] == 1
         rollbacks = decisions(url, "rollback")
         assert len(rollbacks) == len(first) + 1 and rollbacks[0]["inputs"]["fingerprint"] == "0badcafe"
-        alerts = httpx.get(f"{url}/admin/alerts").json()["alerts"]
-        assert [a["fingerprint"] for a in alerts] == ["0badcafe"]
+        (alert,) = httpx.get(f"{url}/admin/alerts").json()["alerts"]
+        assert (alert["fingerprint"], alert["outcome"]) == ("0badcafe", "acted")
+        assert alert["decision_id"] == rollbacks[0]["id"]
     finally:
         for server in servers:
             server.stop()
