@@ -183,7 +183,11 @@ def _serve(args: argparse.Namespace) -> int:
     # an open dashboard holds an endless event stream: cut it after a short grace instead of waiting for the tab
     server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                                            timeout_graceful_shutdown=3))
-    server.run()
+    with contextlib.suppress(KeyboardInterrupt):    # uvicorn re-raises the Ctrl-C it shut down on, as uvicorn.run
+        server.run()
+    if not server.started:
+        print(f"governor serve: the HTTP server did not start on {settings.host}:{settings.port}", file=sys.stderr)
+        return 1
     if service.fatal is not None:
         print(f"governor serve: {service.fatal}", file=sys.stderr)
         return 1

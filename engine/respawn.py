@@ -76,7 +76,7 @@ class GroupRecovery:
             while not self._respawn_once():
                 if not self.budget.spend():
                     raise RespawnsExhausted(f"{self.budget.max_failures} respawns of the expert-parallel group "
-                                            f"failed within {self.budget.period_seconds:g} s (last cause: {reason})")
+                                            f"failed within {self.budget.period_seconds:g} s (the group first failed: {reason})")
                 time.sleep(self.retry_wait_seconds)
         finally:
             with self._lock:
