@@ -10,10 +10,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from controller.alerts import AlertIntake, AlertmanagerPayload
 from controller.clients import ApplyFailed, EngineClientError
 from controller.loop import Controller
-from controller.store import ConfigVersion, Decision, Trial
-from engine.api import APIError, bearer_guard, field_of
-from engine.config import EngineConfig
+from engine.api_common import APIError, bearer_guard, invalid_body
 from policies import PolicyError, load_policy, parse_policy, shipped_policies
+from seam import EngineConfig
 
 
 class PolicySwitch(BaseModel):
@@ -53,9 +52,7 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
             config = EngineConfig.model_validate_json(await request.body())
             decision = controller.pin(config, "operator", "operator override via PUT /admin/config")
         except ValidationError as error:
-            first = error.errors()[0]
-            field = field_of(tuple(first["loc"])) or "body"
-            raise APIError(400, f"{field}: {first['msg']}", field) from error
+            raise invalid_body(error) from error
         except ApplyFailed as error:
             raise APIError(503, str(error), kind="server_error", code="apply_failed") from error
         except EngineClientError as error:
@@ -83,16 +80,16 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
     @router.get("/admin/decisions")
     async def decisions(limit: int = Query(100, ge=1, le=10_000), action: str | None = None):
         filters = {"action": action} if action else {}
-        return {"decisions": controller.store.rows(Decision, limit, **filters)}
+        return {"decisions": controller.store.decisions(limit, **filters)}
 
     @router.get("/admin/history")
     async def history(limit: int = Query(100, ge=1, le=10_000)):
-        return {"versions": controller.store.rows(ConfigVersion, limit),
+        return {"versions": controller.store.config_versions(limit),
                 "last_known_good": controller.last_known_good.version}
 
     @router.get("/admin/trials")
     async def trials(limit: int = Query(100, ge=1, le=10_000)):
-        return {"trials": controller.store.rows(Trial, limit)}
+        return {"trials": controller.store.trials(limit)}
 
     @router.get("/admin/alerts")
     async def alerts(limit: int = Query(100, ge=1, le=10_000)):
@@ -117,21 +114,19 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
         decision = controller.switch_policy(policy, name)
         return {"name": name, "decision": decision}
 
+    def switched(decision: int | None, refusal: str) -> dict:
+        if decision is None:
+            raise APIError(409, f"{refusal} (policy {controller.policy_name})", kind="conflict_error")
+        return {"name": controller.policy_name, "decision": decision}
+
     @router.post("/admin/search/start", dependencies=admin)
     async def start_search():
-        decision = controller.start_search(load_policy("optuna"), "optuna")
-        if decision is None:
-            raise APIError(409, f"an Optuna search is already running (policy {controller.policy_name})",
-                           kind="conflict_error")
-        return {"name": controller.policy_name, "decision": decision}
+        return switched(controller.start_search(load_policy("optuna"), "optuna"),
+                        "an Optuna search is already running")
 
     @router.post("/admin/search/stop", dependencies=admin)
     async def stop_search():
-        decision = controller.stop_search(load_policy("default"), "default")
-        if decision is None:
-            raise APIError(409, f"no Optuna search is running (policy {controller.policy_name})",
-                           kind="conflict_error")
-        return {"name": controller.policy_name, "decision": decision}
+        return switched(controller.stop_search(load_policy("default"), "default"), "no Optuna search is running")
 
     @router.post("/alerts", dependencies=admin)
     async def receive_alerts(payload: AlertmanagerPayload):

@@ -2,44 +2,29 @@
 from __future__ import annotations
 
 import json
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from engine.api_common import APIError, bearer_guard, install_error_handlers, invalid_body
 from engine.api_schema import ChatCompletionRequest, CompletionRequest
-from engine.config import EngineConfig
 from engine.engine import Emission, Failure, RequestError
 from engine.health import Health, UpCollector
 from engine.metrics import CONTENT_TYPE, EngineMetrics
 from engine.service import RETRY_AFTER_SECONDS, EngineService, Unavailable
 from engine.tracing import traced_request
+from seam import EngineConfig
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
 READER_PATTERN = r"^[A-Za-z0-9_.-]{1,32}$"
 CONTROLLER_READER = "controller"
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: str | None = None, headers: dict[str, str] | None = None):
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-        self.code, self.headers = code, headers
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-def _error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(status_code=error.status, content=error.body(), headers=error.headers)
 
 
 def _server_error(failure: Failure) -> APIError:
@@ -53,19 +38,6 @@ def _unavailable_error(refusal: Unavailable) -> APIError:
     headers = {"Retry-After": str(refusal.retry_after)} if refusal.retry_after is not None else None
     return APIError(503, f"the engine cannot take requests now: {refusal}", kind="server_error",
                     code="engine_unavailable", headers=headers)
-
-
-def field_of(loc: tuple) -> str:
-    return ".".join(str(part) for part in loc if part not in ("body", "query", "path"))
-
-
-def bearer_guard(admin_token: str | None):
-    """A dependency that refuses (401) any request without the admin bearer token."""
-    def require_admin(request: Request) -> None:
-        supplied = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not admin_token or not secrets.compare_digest(supplied.encode(), admin_token.encode()):
-            raise APIError(401, "a valid bearer token (GOVERNOR_ADMIN_TOKEN) is required", kind="authentication_error")
-    return require_admin
 
 
 def create_app(service: EngineService, model_name: str, admin_token: str | None,
@@ -85,15 +57,7 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
     if metrics is not None:
         metrics.registry.register(UpCollector(health, model_name))
 
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, error: APIError):
-        return _error_response(error)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, error: RequestValidationError):
-        first = error.errors()[0]
-        field = "body" if first["type"] == "json_invalid" else field_of(tuple(first["loc"])) or "body"
-        return _error_response(APIError(400, f"{field}: {first['msg']}", field))
+    install_error_handlers(app)
 
     def check_model(name: str) -> None:
         if name != model_name:
@@ -216,9 +180,7 @@ def _config_from(body: bytes) -> EngineConfig:
     try:
         return EngineConfig.model_validate_json(body)
     except ValidationError as error:
-        first = error.errors()[0]
-        field = field_of(tuple(first["loc"])) or "body"
-        raise APIError(400, f"{field}: {first['msg']}", field) from error
+        raise invalid_body(error) from error
 
 
 class _Reply:

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine.config import SamplingParams
+from seam import SamplingParams
 
 
 class StreamOptions(BaseModel):

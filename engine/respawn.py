@@ -13,9 +13,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from engine.engine import Engine, EngineLimits
-from engine.ep import ExpertParallel
-from engine.models import load_models
+from engine.engine import Engine
+from engine.ep import ExpertParallel, TargetLoader
+from engine.limits import EngineLimits
 
 log = logging.getLogger(__name__)
 MAX_FAILED_RESPAWNS = 3
@@ -76,7 +76,8 @@ class GroupRecovery:
             while not self._respawn_once():
                 if not self.budget.spend():
                     raise RespawnsExhausted(f"{self.budget.max_failures} respawns of the expert-parallel group "
-                                            f"failed within {self.budget.period_seconds:g} s (the group first failed: {reason})")
+                                            f"failed within {self.budget.period_seconds:g} s (the group first "
+                                            f"failed: {reason})")
                 time.sleep(self.retry_wait_seconds)
         finally:
             with self._lock:
@@ -106,17 +107,17 @@ class GroupRecovery:
             self.engine.ep = None
 
 
-def expert_parallel_recovery(engine: Engine, model: str, ranks: int, limits: EngineLimits,
+def expert_parallel_recovery(engine: Engine, loader: TargetLoader, ranks: int, limits: EngineLimits,
                              redundant_experts: int = 0) -> GroupRecovery:
-    """Recovery for an engine that build_engine gave ranks expert-parallel ranks serving model."""
+    """Recovery for an engine that build_engine gave ranks expert-parallel ranks loading their target with loader."""
     parameter = next(engine.target.parameters())
 
     def restore_experts() -> None:
-        fresh = load_models(model, draft="none", device=parameter.device, dtype=parameter.dtype).target
+        fresh = loader(parameter.device, parameter.dtype)
         for block, source in zip(engine.target.moe_blocks, fresh.moe_blocks):
             block.w1, block.w3, block.w2 = source.w1, source.w3, source.w2
 
     def spawn() -> ExpertParallel:
-        return ExpertParallel(model, ranks, engine.target, limits, redundant_experts=redundant_experts)
+        return ExpertParallel(loader, ranks, engine.target, limits, redundant_experts=redundant_experts)
 
     return GroupRecovery(engine, spawn, restore_experts)

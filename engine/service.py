@@ -14,9 +14,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
-from engine.config import SamplingParams
 from engine.engine import Emission, Engine, Failure
 from engine.respawn import GroupRecovery, RespawnsExhausted
+from seam import SamplingParams
 
 log = logging.getLogger(__name__)
 STALL_SECONDS = 30.0      # no step for this long while work waits: the engine is reported stuck

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import engine.respawn
 from controller.loop import Controller
-from engine.cli import main
+from governor.cli import main
 from engine.engine import Engine
 from engine.ep import ExpertParallelError
 

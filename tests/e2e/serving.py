@@ -27,7 +27,7 @@ def start_serve(folder: Path, name: str, *flags: str, injected: dict[str, str] |
                 port: int | None = None) -> tuple[str, Server]:
     """(base URL, Server) once /health answers 200; injected: tests.e2e.injected_serve's environment."""
     port = port or free_port()
-    module = "tests.e2e.injected_serve" if injected else "engine.cli"
+    module = "tests.e2e.injected_serve" if injected else "governor.cli"
     server = Server(name, [sys.executable, "-m", module, "serve", "--port", str(port), *flags], folder,
                     env={**ENV, **(injected or {})})
     url = f"http://127.0.0.1:{port}"

@@ -10,9 +10,10 @@ from pathlib import Path
 import httpx
 import torch
 
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import Engine, EngineLimits
-from engine.models import load_models
+from engine.engine import Engine
+from engine.limits import EngineLimits
+from governor.loaders import load_models
+from seam import EngineConfig, SamplingParams
 from tests.e2e.serving import start_serve, write_policy
 from tests.engine.helpers import generate, metric_value
 

@@ -1,8 +1,9 @@
 """Drive an Engine to completion in tests; read a Prometheus exposition."""
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import Engine, EngineLimits
+from engine.engine import Engine
+from engine.limits import EngineLimits
+from seam import EngineConfig, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 

@@ -8,11 +8,11 @@ import httpx
 
 from controller.store import WRITE_CHECK_SECONDS, Store
 from engine.api import create_app
-from engine.config import EngineConfig
 from engine.health import Health
 from engine.local_server import serving_in_thread
 from engine.metrics import EngineMetrics
 from engine.service import EngineService
+from seam import EngineConfig
 from tests.engine.helpers import make_engine, metric_value
 
 COMPLETION = {"model": "governor-moe", "prompt": "def f(x):\n", "max_tokens": 4}

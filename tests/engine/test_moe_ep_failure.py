@@ -9,11 +9,13 @@ import signal
 import pytest
 import torch
 
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import Engine, EngineLimits, Failure
+from engine.engine import Engine, Failure
 from engine.ep import ExpertParallelError
-from engine.models import build_engine, load_models
+from engine.factory import build_engine
+from engine.limits import EngineLimits
 from engine.respawn import GroupRecovery, RespawnBudget, RespawnsExhausted, expert_parallel_recovery
+from governor.loaders import load_models
+from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, generate
 
 LIMITS = EngineLimits(kv_cache_tokens=1024)
@@ -45,7 +47,7 @@ def test_a_dead_worker_fails_the_step_and_a_respawned_group_serves_the_same_toke
     engine.apply(engine.config.changed(placement=swapped, version=7))
     engine.add_request("0", prompts[0], PARAMS)
     engine.step()
-    recovery = expert_parallel_recovery(engine, "governor-moe", 2, LIMITS)
+    recovery = expert_parallel_recovery(engine, models.target_loader, 2, LIMITS)
     old_worker = engine.ep.worker_pids[0]
     os.kill(old_worker, signal.SIGKILL)
     with pytest.raises(ExpertParallelError, match="rank"):

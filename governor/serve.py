@@ -1,0 +1,143 @@
+"""`governor serve`: engine, controller, API and dashboard in one process group, wired from Settings."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import threading
+
+import uvicorn
+from pydantic import ValidationError
+
+from controller.clients import InProcessClient
+from controller.counters import PrometheusCounters
+from controller.plane import build_control_plane, print_decision
+from controller.store import StoreError
+from dashboards.operator_page import create_dashboard_router
+from engine.api import create_app
+from engine.ep import ExpertParallelError
+from engine.factory import build_engine
+from engine.health import Health
+from engine.live import LiveTelemetry
+from engine.loadgen import load_phases, run_forever
+from engine.metrics import EngineMetrics
+from engine.model_spec import ModelFolderError
+from engine.respawn import expert_parallel_recovery
+from engine.service import EngineService
+from engine.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
+from governor.control_cli import policy_or_none
+from governor.loaders import load_models
+from governor.settings import Settings
+
+
+DEFAULTS = {name: field.default for name, field in Settings.model_fields.items()}
+
+
+def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
+    """Flags default to None so that only the ones given override Settings (environment, then defaults)."""
+    serve.add_argument("--host", help=f"bind address (default {DEFAULTS['host']})")
+    serve.add_argument("--port", type=int, help=f"port (default {DEFAULTS['port']})")
+    serve.add_argument("--model", help=f"shipped model name, model folder or .gguf file (default {DEFAULTS['model']})")
+    serve.add_argument("--draft", help="draft model name or path, self:N, or none (default: the model's own)")
+    serve.add_argument("--ep", type=int, help="expert-parallel ranks: processes that share the MoE experts "
+                       f"over torch.distributed (default {DEFAULTS['ep']}: one process)")
+    serve.add_argument("--redundant-experts", type=int,
+                       help="spare expert slots for replicas, over all ranks "
+                            f"(default {DEFAULTS['redundant_experts']})")
+    serve.add_argument("--demo-traffic", action="store_true", default=None,
+                       help="send the built-in demo load to this server, so the dashboard shows live data")
+    serve.add_argument("--policy",
+                       help=f"controller policy YAML file or shipped policy name (default: {DEFAULTS['policy']})")
+    serve.add_argument("--db", help=f"SQLAlchemy URL of the controller's store (default {DEFAULTS['db']})")
+    serve.add_argument("--no-controller", dest="controller", action="store_false", default=None,
+                       help="serve the engine alone, for a `governor control` elsewhere")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as error:
+        first = error.errors()[0]
+        print(f"governor serve: --{str(first['loc'][0]).replace('_', '-')}: {first['msg']}", file=sys.stderr)
+        return 2
+    try:
+        tracing = tracer_provider_from_env()
+    except TracingConfigError as error:
+        print(f"governor serve: {error}", file=sys.stderr)
+        return 2
+    policy = policy_or_none(settings.policy, "governor serve: --policy") if settings.controller else None
+    if settings.controller and policy is None:
+        return 2
+    print(f"governor: loading {settings.model} ...", file=sys.stderr, flush=True)
+    try:
+        models = load_models(settings.model, settings.draft)
+    except (ModelFolderError, ModuleNotFoundError) as error:
+        print(f"governor serve: {error}", file=sys.stderr)
+        return 2
+    metrics, live = EngineMetrics(models.name), LiveTelemetry()
+    tracer = tracing.get_tracer("governor") if tracing is not None else None
+    try:
+        engine = build_engine(models, limits=settings.limits(), ep=settings.ep,
+                              redundant_experts=settings.redundant_experts,
+                              sinks=[metrics, live, *([StepSpans(tracer)] if tracer else [])])
+    except (ValueError, ExpertParallelError) as error:
+        print(f"governor serve: {error}", file=sys.stderr)
+        return 2
+    metrics.watch_load(lambda: len(engine.scheduler.running), lambda: len(engine.scheduler.waiting))
+    recovery = expert_parallel_recovery(engine, models.target_loader, settings.ep, settings.limits(),
+                                        settings.redundant_experts) if engine.ep is not None else None
+    # a service that gives up stops the server, which then exits non-zero (server is bound below, before any start)
+    service = EngineService(engine, recovery=recovery, on_fatal=lambda _: setattr(server, "should_exit", True))
+    health = Health()
+    plane = None
+    if policy is not None:
+        try:
+            plane = build_control_plane(InProcessClient(engine), policy, settings.db, settings.admin_token,
+                                        policy_name=settings.policy, on_decision=print_decision,
+                                        metrics=PrometheusCounters(metrics.registry, models.name))
+        except StoreError as error:
+            engine.close()
+            print(f"governor serve: --db: {error}", file=sys.stderr)
+            return 2
+        health.add("controller", plane.controller.fault)
+        health.add("store", plane.controller.store.fault)
+    app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens, metrics, tracer,
+                     admin_router=plane.router if plane else None, health=health)
+    app.include_router(create_dashboard_router(live, lambda: engine.config, plane.controller if plane else None))
+    stop_demo = threading.Event()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        service.start()
+        if plane:
+            plane.controller.start()
+        if settings.demo_traffic:
+            _start_demo_traffic(f"http://{settings.host}:{settings.port}", stop_demo)
+        yield
+        stop_demo.set()
+        if plane:
+            plane.controller.stop()
+        service.stop()
+        engine.close()
+        if tracing is not None:
+            tracing.shutdown()
+
+    app.router.lifespan_context = lifespan
+    # an open dashboard holds an endless event stream: cut it after a short grace instead of waiting for the tab
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                           timeout_graceful_shutdown=3))
+    with contextlib.suppress(KeyboardInterrupt):    # uvicorn re-raises the Ctrl-C it shut down on, as uvicorn.run
+        server.run()
+    if not server.started:
+        print(f"governor serve: the HTTP server did not start on {settings.host}:{settings.port}", file=sys.stderr)
+        return 1
+    if service.fatal is not None:
+        print(f"governor serve: {service.fatal}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _start_demo_traffic(url: str, stop: threading.Event) -> None:
+    threading.Thread(target=run_forever, args=(url, load_phases(), stop),
+                     name="governor-demo-traffic", daemon=True).start()
