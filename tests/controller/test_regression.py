@@ -43,7 +43,7 @@ def test_bad_deploy_fires_the_slo_alert_and_rolls_back_once_to_the_last_known_go
     slow_when_bad(engine)
     good = controller.last_known_good
     with ClosedLoopTraffic(engine, prompts, concurrency=4):
-        engine.snapshot()
+        controller.client.snapshot()
         _windows(engine, controller, 2)
         assert controller.store.count(AlertRecord) == 0 and controller.latest.draft_len == 3
 

@@ -1,6 +1,7 @@
 """The paged KV cache: block allocation, rollback of rejected drafts without copying, blocks back in the pool."""
 import pytest
 
+from engine.engine import Failure
 from engine.kv_cache import BlockAllocator, OutOfBlocks
 from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import GREEDY, code_prompts, make_engine
@@ -62,7 +63,7 @@ def test_every_block_returns_after_finishes_cancellations_and_failures(moe_model
     assert not engine.abort("no-such-request")
     for _ in range(2):
         engine.step()
-    engine.fail_all()
+    engine.fail_all(Failure("test", "every request ends"))
     assert not engine.has_work
     assert engine.allocator.num_free == engine.allocator.num_blocks
     for i, prompt in enumerate(prompts[:4]):
