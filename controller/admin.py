@@ -4,10 +4,11 @@ Alertmanager webhook)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from controller.alerts import AlertIntake, AlertmanagerPayload
-from controller.clients import EngineClientError
+from controller.clients import ApplyFailed, EngineClientError
 from controller.loop import Controller
 from engine.api_common import APIError, bearer_guard, invalid_body
 from policies import PolicyError, load_policy, parse_policy, shipped_policies
@@ -52,20 +53,28 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
             decision = controller.pin(config, "operator", "operator override via PUT /admin/config")
         except ValidationError as error:
             raise invalid_body(error) from error
+        except ApplyFailed as error:
+            raise APIError(503, str(error), kind="server_error", code="apply_failed") from error
         except EngineClientError as error:
             raise APIError(400, str(error), "body") from error
         return {"config": controller.current.model_dump(), "pinned": True, "decision": decision}
 
     @router.post("/admin/release", dependencies=admin)
     async def release():
-        decision = controller.release("operator released the pin via POST /admin/release")
+        try:
+            decision = controller.release("operator released the pin via POST /admin/release")
+        except ApplyFailed as error:
+            raise APIError(503, str(error), kind="server_error", code="apply_failed") from error
         if decision is None:
             raise APIError(409, "no config is pinned", kind="conflict_error")
         return {"config": controller.current.model_dump(), "pinned": False, "decision": decision}
 
     @router.post("/admin/rollback", dependencies=admin)
     async def rollback():
-        decision = controller.rollback("operator rollback via POST /admin/rollback")
+        try:
+            decision = controller.rollback("operator rollback via POST /admin/rollback", lift_pin=True)
+        except ApplyFailed as error:
+            raise APIError(503, str(error), kind="server_error", code="apply_failed") from error
         return {"config": controller.current.model_dump(), "decision": decision}
 
     @router.get("/admin/decisions")
@@ -121,6 +130,10 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
 
     @router.post("/alerts", dependencies=admin)
     async def receive_alerts(payload: AlertmanagerPayload):
-        return intake.receive(payload)
+        """5xx while any alert's action failed, so that Alertmanager delivers the notification again."""
+        outcome = intake.receive(payload)
+        if outcome["failed"]:
+            return JSONResponse(status_code=503, content=outcome)
+        return outcome
 
     return router

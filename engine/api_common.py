@@ -11,13 +11,17 @@ from pydantic import ValidationError
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 code: str | None = None, headers: dict[str, str] | None = None):
         self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.code, self.headers = code, headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(status_code=error.status, content={
-        "error": {"message": error.message, "type": error.kind, "param": error.param, "code": None}})
+    return JSONResponse(status_code=error.status, content=error.body(), headers=error.headers)
 
 
 def field_of(loc: tuple) -> str:

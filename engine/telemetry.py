@@ -14,6 +14,8 @@ from engine.placement import balancedness
 from seam import Block, EngineConfig, LatencySummary, Window
 
 MAX_SAMPLES = 50_000  # per window and distribution; an unread window keeps the latest ones
+READERS = ("default", "controller")     # windows kept from the start; other readers' from their first read
+MAX_READERS = 8                         # beyond this, the reader read longest ago is forgotten
 
 
 def _samples() -> deque:
@@ -79,7 +81,8 @@ class _Accumulator:
             start=self.start, end=time.time(), config_version=config.version, spec_method=config.spec_method,
             draft_len=config.speculative_len, steps=self.steps, num_drafts=self.num_drafts,
             drafted_tokens=sum(self.drafted_per_position), accepted_tokens=sum(self.accepted_per_position),
-            drafted_per_position=self.drafted_per_position, accepted_per_position=self.accepted_per_position,
+            drafted_per_position=list(self.drafted_per_position),
+            accepted_per_position=list(self.accepted_per_position),
             emitted_tokens=self.emitted_tokens, prefill_tokens=self.prefill_tokens,
             finished_requests=self.finished_requests, target_forward_seconds=self.target_forward_seconds,
             draft_forward_seconds=self.draft_forward_seconds, step_seconds=self.step_seconds,
@@ -125,6 +128,21 @@ class _BlockAccumulator:
                      self.decode_seconds)
 
 
+@dataclass
+class _ReaderWindow:
+    """One reader's open window: every measurement, and while an experiment runs, each arm's and the blocks closed
+    since the reader's previous snapshot."""
+    acc: _Accumulator = field(default_factory=_Accumulator)
+    arms: dict[str, _Accumulator] = field(default_factory=dict)
+    blocks: list[Block] = field(default_factory=list)
+
+    def window(self, config: EngineConfig, arm_configs: dict[str, EngineConfig]) -> Window:
+        if not self.arms:
+            return self.acc.window(config)
+        return self.acc.window(config, blocks=list(self.blocks),
+                               arms={name: acc.window(arm_configs[name]) for name, acc in self.arms.items()})
+
+
 @dataclass(frozen=True)
 class StepRecord:
     """What one engine step did. MoE figures (None for dense targets) count (token, expert) pairs: expert_tokens
@@ -166,16 +184,16 @@ class TelemetrySink(Protocol):
 
 
 class Telemetry:
-    """Written by the engine thread, read by anyone through snapshot(); thread-safe. While an Experiment runs, every
-    measurement also goes to its arm's accumulator and to the block in progress."""
+    """Written by the engine thread, read by anyone through snapshot(); thread-safe. Each reader has its own window
+    (a cursor per reader), so one reader's snapshot never takes data from another. While an Experiment runs, every
+    measurement also goes to its arm's accumulator in each reader's window and to the block in progress."""
 
     def __init__(self, sinks: Sequence[TelemetrySink] = ()):
         self._lock = threading.Lock()
-        self._acc = _Accumulator()
+        self._windows: dict[str, _ReaderWindow] = {reader: _ReaderWindow() for reader in READERS}
         self._sinks = tuple(sinks)
-        self._arms: dict[str, tuple[EngineConfig, _Accumulator]] = {}
+        self._arms: dict[str, EngineConfig] = {}
         self._block: _BlockAccumulator | None = None
-        self._blocks: list[Block] = []
 
     def record_config(self, config: EngineConfig) -> None:
         for sink in self._sinks:
@@ -185,20 +203,26 @@ class Telemetry:
         """Close the switchback block in progress (if any) and start block index under arm."""
         with self._lock:
             if self._block is not None:
-                self._blocks.append(self._block.closed())
-            previous = self._arms.get(arm)
-            self._arms[arm] = (config, previous[1] if previous else _Accumulator())
+                closed = self._block.closed()
+                for reader in self._windows.values():
+                    reader.blocks.append(closed)
+            self._arms[arm] = config
+            for reader in self._windows.values():
+                reader.arms.setdefault(arm, _Accumulator())
             self._block = _BlockAccumulator(index, arm, config.version)
 
     def end_experiment(self) -> None:
         """The experiment is over: its unfinished block and the per-arm figures not yet read are dropped."""
         with self._lock:
-            self._arms, self._block, self._blocks = {}, None, []
+            self._arms, self._block = {}, None
+            for reader in self._windows.values():
+                reader.arms, reader.blocks = {}, []
 
     def _targets(self) -> list[_Accumulator]:
         if self._block is None:
-            return [self._acc]
-        return [self._acc, self._arms[self._block.arm][1]]
+            return [reader.acc for reader in self._windows.values()]
+        arm = self._block.arm
+        return [acc for reader in self._windows.values() for acc in (reader.acc, reader.arms[arm])]
 
     def record_step(self, step: StepRecord) -> None:
         if self._sinks:
@@ -214,7 +238,8 @@ class Telemetry:
     def record_replacement(self, seconds: float) -> None:
         """Serving stalled this long while expert weights moved to a new placement."""
         with self._lock:
-            self._acc.replacement_seconds += seconds
+            for reader in self._windows.values():
+                reader.acc.replacement_seconds += seconds
 
     def record_tokens(self, *, count: int, ttft: float | None, gap: float | None) -> None:
         """count tokens delivered at once; a gap since the previous delivery is spread evenly over them."""
@@ -237,18 +262,29 @@ class Telemetry:
             for acc in self._targets():
                 acc.add_finished(e2e)
 
-    def snapshot(self, config: EngineConfig) -> Window:
-        """The Window since the last snapshot; while an experiment runs, with its completed blocks and per-arm
-        Windows (a block still in progress is reported by a later snapshot)."""
+    def snapshot(self, config: EngineConfig, reader: str = "default") -> Window:
+        """Close reader's window and open the next; a reader seen for the first time gets an empty window. While an
+        experiment runs, the Window holds its blocks completed since reader's previous snapshot and per-arm Windows
+        (a block still in progress is reported by a later snapshot)."""
         with self._lock:
-            acc, self._acc = self._acc, _Accumulator()
-            arms = {name: (arm_config, arm_acc) for name, (arm_config, arm_acc) in self._arms.items()}
-            self._arms = {name: (arm_config, _Accumulator()) for name, (arm_config, _) in arms.items()}
-            blocks, self._blocks = self._blocks, []
-        if not arms:
-            return acc.window(config)
-        return acc.window(config, blocks=blocks, arms={name: arm_acc.window(arm_config)
-                                                        for name, (arm_config, arm_acc) in arms.items()})
+            closed = self._windows.pop(reader, None) or self._opened()
+            self._windows[reader] = self._opened()
+            self._forget_old_readers()
+            return closed.window(config, self._arms)
+
+    def peek(self, config: EngineConfig, reader: str = "default") -> Window:
+        """reader's window so far, left open."""
+        with self._lock:
+            return (self._windows.get(reader) or self._opened()).window(config, self._arms)
+
+    def _opened(self) -> _ReaderWindow:
+        return _ReaderWindow(arms={arm: _Accumulator() for arm in self._arms})
+
+    def _forget_old_readers(self) -> None:
+        """Readers are kept in the order they last read; the oldest non-built-in one goes when there are too many."""
+        extra = [reader for reader in self._windows if reader not in READERS]
+        for reader in extra[:max(0, len(self._windows) - MAX_READERS)]:
+            del self._windows[reader]
 
 
 def _add(total: torch.Tensor | None, step: torch.Tensor | None) -> torch.Tensor | None:

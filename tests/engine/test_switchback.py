@@ -53,6 +53,19 @@ def test_blocks_alternate_abba_and_each_arm_has_its_own_window(moe_models, promp
     assert plain.emitted_tokens + draft.emitted_tokens == window.emitted_tokens
 
 
+def test_each_reader_gets_every_block_and_arm_in_its_own_window(moe_models, prompts):
+    engine = make_engine(moe_models, PLAIN)
+    engine.apply(Experiment(incumbent=PLAIN, candidate=DRAFT, block_steps=1))
+    generate(engine, prompts[:3], SHORT)
+    first = engine.snapshot("controller")
+    generate(engine, prompts[3:], SHORT)
+    later, whole = engine.snapshot("controller"), engine.snapshot()
+    assert first.blocks and later.blocks and whole.blocks == first.blocks + later.blocks
+    for arm in ("incumbent", "candidate"):
+        assert whole.arms[arm].steps == first.arms[arm].steps + later.arms[arm].steps > 0
+    assert engine.snapshot("controller").blocks == [] and engine.snapshot().blocks == []
+
+
 def test_a_config_ends_the_experiment(moe_models, prompts):
     engine = make_engine(moe_models, PLAIN)
     engine.apply(Experiment(incumbent=PLAIN, candidate=DRAFT, block_steps=2))
