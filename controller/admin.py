@@ -3,6 +3,9 @@ token-guarded writes (pin a config, release, roll back, switch policy, start/sto
 Alertmanager webhook)."""
 from __future__ import annotations
 
+from asyncio import to_thread
+from typing import Annotated
+
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -12,7 +15,12 @@ from controller.loop import Controller
 from controller.store import AlertRecord, ConfigVersion, Decision, Trial
 from engine.api import APIError, bearer_guard, field_of
 from engine.config import EngineConfig
+from engine.openapi import ERRORS, error, json_body
 from policies import PolicyError, load_policy, parse_policy, shipped_policies
+
+MAX_PAGE = 1000         # rows one read returns at most
+Page = Annotated[int, Query(ge=1, le=MAX_PAGE, description="rows, newest first")]
+CONFLICT = {409: error("the state does not allow it now (see the message)")}
 
 
 class PolicySwitch(BaseModel):
@@ -29,10 +37,12 @@ class PolicySwitch(BaseModel):
 
 
 def create_admin_router(controller: Controller, intake: AlertIntake, admin_token: str | None) -> APIRouter:
+    """Every database read and write runs in a worker thread, never on the event loop."""
     admin = [Depends(bearer_guard(admin_token))]
     router = APIRouter()
+    rows = controller.store.rows
 
-    @router.get("/admin/window")
+    @router.get("/admin/window", responses={404: error("no window closed yet")})
     async def window():
         if controller.latest is None:
             raise APIError(404, "the controller has not closed a window yet", kind="not_found_error")
@@ -44,13 +54,13 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
 
     @router.get("/admin/controller")
     async def state():
-        return controller.state()
+        return await to_thread(controller.state)
 
-    @router.put("/admin/config", dependencies=admin)
+    @router.put("/admin/config", dependencies=admin, openapi_extra=json_body(EngineConfig), responses=ERRORS)
     async def pin_config(request: Request):
         try:
             config = EngineConfig.model_validate_json(await request.body())
-            decision = controller.pin(config, "operator", "operator override via PUT /admin/config")
+            decision = await to_thread(controller.pin, config, "operator", "operator override via PUT /admin/config")
         except ValidationError as error:
             first = error.errors()[0]
             field = field_of(tuple(first["loc"])) or "body"
@@ -59,41 +69,41 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
             raise APIError(400, str(error), "body") from error
         return {"config": controller.current.model_dump(), "pinned": True, "decision": decision}
 
-    @router.post("/admin/release", dependencies=admin)
+    @router.post("/admin/release", dependencies=admin, responses=CONFLICT)
     async def release():
-        decision = controller.release("operator released the pin via POST /admin/release")
+        decision = await to_thread(controller.release, "operator released the pin via POST /admin/release")
         if decision is None:
             raise APIError(409, "no config is pinned", kind="conflict_error")
         return {"config": controller.current.model_dump(), "pinned": False, "decision": decision}
 
     @router.post("/admin/rollback", dependencies=admin)
     async def rollback():
-        decision = controller.rollback("operator rollback via POST /admin/rollback")
+        decision = await to_thread(controller.rollback, "operator rollback via POST /admin/rollback")
         return {"config": controller.current.model_dump(), "decision": decision}
 
     @router.get("/admin/decisions")
-    async def decisions(limit: int = Query(100, ge=1, le=10_000), action: str | None = None):
+    async def decisions(limit: Page = 100, action: str | None = Query(None, max_length=32)):
         filters = {"action": action} if action else {}
-        return {"decisions": controller.store.rows(Decision, limit, **filters)}
+        return {"decisions": await to_thread(rows, Decision, limit, **filters)}
 
     @router.get("/admin/history")
-    async def history(limit: int = Query(100, ge=1, le=10_000)):
-        return {"versions": controller.store.rows(ConfigVersion, limit),
+    async def history(limit: Page = 100):
+        return {"versions": await to_thread(rows, ConfigVersion, limit),
                 "last_known_good": controller.last_known_good.version}
 
     @router.get("/admin/trials")
-    async def trials(limit: int = Query(100, ge=1, le=10_000)):
-        return {"trials": controller.store.rows(Trial, limit)}
+    async def trials(limit: Page = 100):
+        return {"trials": await to_thread(rows, Trial, limit)}
 
     @router.get("/admin/alerts")
-    async def alerts(limit: int = Query(100, ge=1, le=10_000)):
-        return {"alerts": controller.store.rows(AlertRecord, limit)}
+    async def alerts(limit: Page = 100):
+        return {"alerts": await to_thread(rows, AlertRecord, limit)}
 
     @router.get("/admin/policy")
     async def get_policy():
         return {"name": controller.policy_name, "policy": controller.policy.model_dump(), "shipped": shipped_policies()}
 
-    @router.put("/admin/policy", dependencies=admin)
+    @router.put("/admin/policy", dependencies=admin, responses=ERRORS)
     async def switch_policy(body: PolicySwitch):
         try:
             if body.name is not None:
@@ -105,27 +115,27 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
                 policy, name = parse_policy(body.policy, "policy"), "custom"
         except PolicyError as error:
             raise APIError(400, str(error), error.field) from error
-        decision = controller.switch_policy(policy, name)
+        decision = await to_thread(controller.switch_policy, policy, name)
         return {"name": name, "decision": decision}
 
-    @router.post("/admin/search/start", dependencies=admin)
+    @router.post("/admin/search/start", dependencies=admin, responses=CONFLICT)
     async def start_search():
-        decision = controller.start_search(load_policy("optuna"), "optuna")
+        decision = await to_thread(controller.start_search, load_policy("optuna"), "optuna")
         if decision is None:
             raise APIError(409, f"an Optuna search is already running (policy {controller.policy_name})",
                            kind="conflict_error")
         return {"name": controller.policy_name, "decision": decision}
 
-    @router.post("/admin/search/stop", dependencies=admin)
+    @router.post("/admin/search/stop", dependencies=admin, responses=CONFLICT)
     async def stop_search():
-        decision = controller.stop_search(load_policy("default"), "default")
+        decision = await to_thread(controller.stop_search, load_policy("default"), "default")
         if decision is None:
             raise APIError(409, f"no Optuna search is running (policy {controller.policy_name})",
                            kind="conflict_error")
         return {"name": controller.policy_name, "decision": decision}
 
-    @router.post("/alerts", dependencies=admin)
+    @router.post("/alerts", dependencies=admin, responses=ERRORS)
     async def receive_alerts(payload: AlertmanagerPayload):
-        return intake.receive(payload)
+        return await to_thread(intake.receive, payload)
 
     return router

@@ -16,6 +16,7 @@ from controller.alerts import AlertIntake
 from controller.clients import EngineClient, EngineClientError, HttpClient
 from controller.loop import Controller
 from controller.metrics import MetricsSink
+from controller.retention import RetentionSweeper
 from controller.store import Store, StoreError
 from policies import Policy, PolicyError, load_policy
 
@@ -25,18 +26,29 @@ class ControlPlane:
     controller: Controller
     intake: AlertIntake
     router: APIRouter
+    retention: RetentionSweeper
+
+    def start(self) -> None:
+        self.controller.start()
+        self.retention.start()
+
+    def stop(self) -> None:
+        self.retention.stop()
+        self.controller.stop()
 
 
 def build_control_plane(client: EngineClient, policy: Policy | str, db_url: str, admin_token: str | None,
-                        metrics: MetricsSink | None = None, on_decision=None, policy_name: str | None = None
-                        ) -> ControlPlane:
-    """policy: a Policy, or a file or shipped name to load (PolicyError if bad); the store is created if missing."""
+                        metrics: MetricsSink | None = None, on_decision=None, policy_name: str | None = None,
+                        retention_days: float = 0.0) -> ControlPlane:
+    """policy: a Policy, or a file or shipped name to load (PolicyError if bad); the store is created if missing.
+    retention_days: records older than this are pruned once an hour while the plane runs (0: kept forever)."""
     if isinstance(policy, str):
         policy, policy_name = load_policy(policy), policy
     controller = Controller(client, Store(db_url), policy, policy_name or "custom", metrics=metrics,
                             on_decision=on_decision)
     intake = AlertIntake(controller)
-    return ControlPlane(controller, intake, create_admin_router(controller, intake, admin_token))
+    return ControlPlane(controller, intake, create_admin_router(controller, intake, admin_token),
+                        RetentionSweeper(controller, retention_days))
 
 
 def add_control_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +56,8 @@ def add_control_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a remote engine's base URL (repeat for replicas); admin token from GOVERNOR_ADMIN_TOKEN")
     parser.add_argument("--policy", default="default", help="policy YAML file or shipped policy name (default)")
     parser.add_argument("--db", default="sqlite:///governor.db", help="SQLAlchemy URL of the store")
+    parser.add_argument("--retention-days", type=float, default=30.0,
+                        help="prune decisions, trials and windows older than this (default 30; 0 keeps all)")
 
 
 def print_decision(decision_id: int, action: str, reason: str) -> None:
@@ -56,7 +70,8 @@ def run_control(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         client = HttpClient(args.engine, os.environ.get("GOVERNOR_ADMIN_TOKEN"))
-        plane = build_control_plane(client, args.policy, args.db, None, on_decision=print_decision)
+        plane = build_control_plane(client, args.policy, args.db, None, on_decision=print_decision,
+                                    retention_days=args.retention_days)
     except (PolicyError, StoreError) as error:
         flag = "--policy" if isinstance(error, PolicyError) else "--db"
         print(f"governor control: {flag}: {error}", file=sys.stderr)
@@ -64,9 +79,9 @@ def run_control(args: argparse.Namespace) -> int:
     except EngineClientError as error:
         print(f"governor control: {error}", file=sys.stderr)
         return 1
-    plane.controller.start()
+    plane.start()
     stop.wait()
-    plane.controller.stop()
+    plane.stop()
     return 0
 
 

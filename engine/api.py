@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP API plus the engine's side of the seam (/admin/window, /admin/config)."""
 from __future__ import annotations
 
+import asyncio
 import json
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -11,27 +11,39 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 
-from engine.api_schema import ChatCompletionRequest, CompletionRequest
+from engine.admission import Overloaded
+from engine.api_schema import served_requests
 from engine.config import EngineConfig
+from engine.edge import BodyLimit, WriteGuard, error_body, has_admin_token
 from engine.engine import Emission, RequestError
 from engine.metrics import CONTENT_TYPE, EngineMetrics
-from engine.service import EngineService
+from engine.openapi import ERRORS, GENERATION_ERRORS, STREAMING, exact_openapi, json_body
+from engine.service import EngineService, Submission
+from engine.tokenizer import ChatTemplateError
 from engine.tracing import traced_request
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
 
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+DEFAULT_MAX_PROMPT_CHARS = 1 << 17
+
+
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 code: str | None = None, headers: dict[str, str] | None = None):
         self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.code, self.headers = code, headers
 
 
 def _error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(status_code=error.status, content={
-        "error": {"message": error.message, "type": error.kind, "param": error.param, "code": None}})
+    return JSONResponse(status_code=error.status, headers=error.headers,
+                        content=error_body(error.message, error.kind, error.param, error.code))
 
 
 def field_of(loc: tuple) -> str:
@@ -39,31 +51,47 @@ def field_of(loc: tuple) -> str:
 
 
 def bearer_guard(admin_token: str | None):
-    """A dependency that refuses (401) any request without the admin bearer token."""
-    def require_admin(request: Request) -> None:
-        supplied = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not admin_token or not secrets.compare_digest(supplied.encode(), admin_token.encode()):
+    """A dependency that refuses (401) any request without the admin bearer token (and declares it in OpenAPI)."""
+    scheme = HTTPBearer(auto_error=False, description="GOVERNOR_ADMIN_TOKEN")
+
+    def require_admin(credentials: HTTPAuthorizationCredentials | None = Depends(scheme)) -> None:
+        if credentials is None or not has_admin_token(credentials.credentials, admin_token):
             raise APIError(401, "a valid bearer token (GOVERNOR_ADMIN_TOKEN) is required", kind="authentication_error")
     return require_admin
 
 
 def create_app(service: EngineService, model_name: str, admin_token: str | None,
                default_max_tokens: int = 16, metrics: EngineMetrics | None = None,
-               tracer: Tracer | None = None, admin_router: APIRouter | None = None) -> FastAPI:
+               tracer: Tracer | None = None, admin_router: APIRouter | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS
+               ) -> FastAPI:
     """metrics: serve them at /metrics; tracer: one span per request (None: tracing off, nothing is made).
     With admin_router (a controller's), that router owns /admin/* and /alerts; without it, the engine serves its
-    own side of the seam (GET /admin/window, GET/PUT /admin/config) for a remote controller."""
+    own side of the seam (GET /admin/window, GET/PUT /admin/config) for a remote controller.
+    A body over max_bytes gets 413 unread; a prompt over max_prompt_chars characters gets 400 untokenized."""
     app = FastAPI(title="Governor", version="0.1.0")
     engine, tokenizer = service.engine, service.engine.tokenizer
+    refusals = service.admission.refusals
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, on_refuse=lambda: refusals.count("body_too_large"))
+    app.add_middleware(WriteGuard, admin_token=admin_token)
+    app.openapi = exact_openapi(app)
+    CompletionRequest, ChatCompletionRequest = served_requests(model_name, max_prompt_chars, engine.max_model_len)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, error: APIError):
         return _error_response(error)
 
+    @app.exception_handler(HTTPException)
+    async def _http_error(_: Request, error: HTTPException):
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return _error_response(APIError(error.status_code, str(error.detail), kind=kind, headers=error.headers))
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, error: RequestValidationError):
         first = error.errors()[0]
         field = "body" if first["type"] == "json_invalid" else field_of(tuple(first["loc"])) or "body"
+        if first["type"] == "string_too_long" and field.startswith(("prompt", "messages")):
+            refusals.count("prompt_too_long")
         return _error_response(APIError(400, f"{field}: {first['msg']}", field))
 
     def check_model(name: str) -> None:
@@ -79,19 +107,36 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "governor"}]}
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    def check_prompt(body, field: str) -> None:
         check_model(body.model)
-        return await _serve(body, tokenizer.encode(body.prompt), chat=False)
+        if body.prompt_chars > max_prompt_chars:
+            refusals.count("prompt_too_long")
+            raise APIError(400, f"{field}: {body.prompt_chars} characters in all, at most {max_prompt_chars} are "
+                           "served (GOVERNOR_MAX_PROMPT_CHARS)", field)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest):
-        check_model(body.model)
-        prompt = tokenizer.render_chat([m.model_dump() for m in body.messages])
-        return await _serve(body, tokenizer.encode(prompt), chat=True)
+    def render_and_encode(messages: list[dict]) -> list[int]:
+        try:
+            return tokenizer.encode(tokenizer.render_chat(messages))
+        except ChatTemplateError as error:
+            raise APIError(400, f"messages: the model's chat template refused them: {error}", "messages") from error
+
+    async def completions(body, request: Request):
+        check_prompt(body, "prompt")
+        return await _serve(request, body, await asyncio.to_thread(tokenizer.encode, body.prompt), chat=False)
+
+    async def chat_completions(body, request: Request):
+        check_prompt(body, "messages")
+        prompt_ids = await asyncio.to_thread(render_and_encode, [m.model_dump() for m in body.messages])
+        return await _serve(request, body, prompt_ids, chat=True)
+
+    # the bodies' classes are made per app (they carry its bounds), so they are annotated here, not by name
+    for path, endpoint, body_class in (("/v1/completions", completions, CompletionRequest),
+                                       ("/v1/chat/completions", chat_completions, ChatCompletionRequest)):
+        endpoint.__annotations__["body"] = body_class
+        app.post(path, responses={**GENERATION_ERRORS, **STREAMING})(endpoint)
 
     if metrics is not None:
-        @app.get("/metrics", response_class=Response)
+        @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
         async def prometheus_metrics():
             return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
@@ -100,22 +145,45 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
     else:
         _add_engine_admin(app, engine, admin_token)
 
-    async def _serve(body, prompt_ids: list[int], chat: bool):
+    async def _serve(request: Request, body, prompt_ids: list[int], chat: bool):
         params = body.sampling_params(default_max_tokens)
         try:
-            engine.check_request(prompt_ids, params)
+            submission = service.submit(prompt_ids, params)
         except RequestError as error:
             raise APIError(400, str(error), error.field) from error
-        stream = service.generate(prompt_ids, params)
+        except Overloaded as error:
+            raise APIError(429, str(error), kind="rate_limit_error", code=error.reason,
+                           headers={"Retry-After": str(error.retry_after_seconds)}) from error
+        stream = submission.emissions()
         reply = _Reply(model_name, chat)
         if tracer is not None:
             stream = traced_request(tracer, stream, chat=chat, model=model_name, response_id=reply.id, params=params,
                                     prompt_tokens=len(prompt_ids))
         if body.stream:
             return StreamingResponse(reply.sse(stream, body.include_usage), media_type="text/event-stream")
-        return await reply.whole(stream)
+        return await _whole_unless_abandoned(request, reply.whole(stream), submission)
 
     return app
+
+
+async def _whole_unless_abandoned(request: Request, whole, submission: Submission):
+    """The whole reply; if the client disconnects first, the request is cancelled and its KV blocks freed."""
+    answer, gone = asyncio.ensure_future(whole), asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not answer.done():
+            answer.cancel()
+            submission.cancel()
+    if answer.cancelled():
+        return Response(status_code=499)        # nobody is left to read it
+    return answer.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _add_engine_admin(app: FastAPI, engine, admin_token: str | None) -> None:
@@ -127,7 +195,8 @@ def _add_engine_admin(app: FastAPI, engine, admin_token: str | None) -> None:
     async def get_config():
         return engine.config.model_dump()
 
-    @app.put("/admin/config", dependencies=[Depends(bearer_guard(admin_token))])
+    @app.put("/admin/config", dependencies=[Depends(bearer_guard(admin_token))], openapi_extra=json_body(EngineConfig),
+             responses=ERRORS)
     async def put_config(request: Request):
         try:
             config = EngineConfig.model_validate_json(await request.body())

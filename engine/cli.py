@@ -85,6 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from dashboards.web import create_dashboard_router
+    from engine.admission import Admission, AdmissionLimits
     from engine.api import create_app
     from engine.engine import EngineLimits
     from engine.ep import ExpertParallelError
@@ -92,6 +93,7 @@ def _serve(args: argparse.Namespace) -> int:
     from engine.metrics import EngineMetrics
     from engine.models import build_engine, load_models
     from engine.service import EngineService
+    from engine.serving_metrics import ServingLimitsCollector
     from engine.settings import Settings
     from engine.spec import ModelFolderError
     from engine.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
@@ -134,7 +136,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"governor serve: {error}", file=sys.stderr)
         return 2
     metrics.watch_load(lambda: len(engine.scheduler.running), lambda: len(engine.scheduler.waiting))
-    service = EngineService(engine)
+    service = EngineService(engine, admission=Admission(AdmissionLimits(
+        settings.max_waiting_requests, settings.max_waiting_tokens, settings.retry_after_seconds)))
+    metrics.registry.register(ServingLimitsCollector(models.name, service.admission, engine.allocator, {
+        "max_body_bytes": settings.max_body_bytes, "max_prompt_chars": settings.max_prompt_chars,
+        "max_sse_clients": settings.max_sse_clients, "max_num_seqs": settings.max_num_seqs}))
     plane = None
     if policy is not None:
         from controller.cli import build_control_plane, print_decision
@@ -145,27 +151,31 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             plane = build_control_plane(InProcessClient(engine), policy, settings.db, settings.admin_token,
                                         policy_name=settings.policy, on_decision=print_decision,
-                                        metrics=PrometheusCounters(metrics.registry, models.name))
+                                        metrics=PrometheusCounters(metrics.registry, models.name),
+                                        retention_days=settings.retention_days)
         except StoreError as error:
             engine.close()
             print(f"governor serve: --db: {error}", file=sys.stderr)
             return 2
     app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens, metrics, tracer,
-                     admin_router=plane.router if plane else None)
-    app.include_router(create_dashboard_router(live, lambda: engine.config, plane.controller if plane else None))
+                     admin_router=plane.router if plane else None, max_body_bytes=settings.max_body_bytes,
+                     max_prompt_chars=settings.max_prompt_chars)
+    app.include_router(create_dashboard_router(live, lambda: engine.config, plane.controller if plane else None,
+                                               max_clients=settings.max_sse_clients,
+                                               on_refuse=lambda: service.admission.refusals.count("sse_clients")))
     stop_demo = threading.Event()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         service.start()
         if plane:
-            plane.controller.start()
+            plane.start()
         if settings.demo_traffic:
             _start_demo_traffic(f"http://{settings.host}:{settings.port}", stop_demo)
         yield
         stop_demo.set()
         if plane:
-            plane.controller.stop()
+            plane.stop()
         service.stop()
         engine.close()
         if tracing is not None:

@@ -1,0 +1,60 @@
+"""The OpenAPI document as the API really behaves: every request body declared, errors in the OpenAI shape with the
+status codes the edge and the routes answer (400 for a bad field, never 422), writes marked as needing the token."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from engine.edge import GUARDED_PREFIXES, READ_METHODS
+
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+_ERROR = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+def error(description: str) -> dict:
+    return {"description": description, **_ERROR}
+
+
+ERRORS = {400: error("a field is invalid; error.param names it")}
+GENERATION_ERRORS = {**ERRORS, 404: error("the model is not the one this server serves"),
+                     429: error("overloaded: too many requests or prompt tokens waiting; see Retry-After")}
+STREAMING = {200: {"description": "the completion; with stream=true, server-sent events",
+                   "content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}}}}
+
+
+def json_body(model: type[BaseModel]) -> dict:
+    """openapi_extra for a route that parses its body itself: the body's schema, required."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema(
+        ref_template="#/components/schemas/{model}")}}}}
+
+
+def exact_openapi(app: FastAPI) -> Callable[[], dict]:
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = _exact(get_openapi(title=app.title, version=app.version, routes=app.routes))
+        return app.openapi_schema
+    return openapi
+
+
+def _exact(schema: dict) -> dict:
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components["Error"] = ERROR_SCHEMA
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            had_validation = responses.pop("422", None) is not None
+            if had_validation or "requestBody" in operation:
+                responses.setdefault("400", error("a field is invalid; error.param names it"))
+            if "requestBody" in operation:
+                responses["413"] = error("the body is larger than GOVERNOR_MAX_BODY_BYTES")
+            if method.upper() not in READ_METHODS and path.startswith(GUARDED_PREFIXES):
+                responses["401"] = error("the admin bearer token is missing or wrong")
+    return schema
