@@ -55,14 +55,14 @@ class Admission:
 
     def admit(self, request_id: str, prompt_tokens: int) -> None:
         """Count the request as waiting, or raise Overloaded and count the refusal."""
-        limits = self.limits
+        max_requests, max_tokens = self.limits.max_waiting_requests, self.limits.max_waiting_tokens
         with self._lock:
-            if limits.max_waiting_requests is not None and len(self._waiting) >= limits.max_waiting_requests:
+            if max_requests is not None and len(self._waiting) >= max_requests:
                 self._refuse("requests_waiting", f"{len(self._waiting)} requests are already waiting (the bound is "
-                             f"{limits.max_waiting_requests}, GOVERNOR_MAX_WAITING_REQUESTS)")
-            if limits.max_waiting_tokens is not None and self.waiting_tokens + prompt_tokens > limits.max_waiting_tokens:
+                             f"{max_requests}, GOVERNOR_MAX_WAITING_REQUESTS)")
+            if max_tokens is not None and self.waiting_tokens + prompt_tokens > max_tokens:
                 self._refuse("tokens_waiting", f"{self.waiting_tokens} prompt tokens are already waiting and this "
-                             f"request brings {prompt_tokens} (the bound is {limits.max_waiting_tokens}, "
+                             f"request brings {prompt_tokens} (the bound is {max_tokens}, "
                              "GOVERNOR_MAX_WAITING_TOKENS)")
             self._waiting[request_id] = prompt_tokens
             self.waiting_tokens += prompt_tokens

@@ -109,8 +109,8 @@ def served_requests(model: str, max_prompt_chars: int, max_model_len: int
     """The two request bodies with this server's bounds in their schema: the model it serves, prompts of at most
     max_prompt_chars characters (checked before tokenizing), at most max_model_len new tokens."""
     tokens = Annotated[int | None, Field(ge=1, le=max_model_len)]
-    prompt = Annotated[str, StringConstraints(min_length=1, max_length=max_prompt_chars), AfterValidator(no_lone_surrogates),
-                       BeforeValidator(_only_item),
+    prompt = Annotated[str, StringConstraints(min_length=1, max_length=max_prompt_chars),
+                       AfterValidator(no_lone_surrogates), BeforeValidator(_only_item),
                        one_or_list({"type": "string", "minLength": 1, "maxLength": max_prompt_chars}, 1)]
     model_field = (Text, Field(json_schema_extra={"enum": [model]}, description="the model this server serves"))
     completion = create_model(
