@@ -21,6 +21,8 @@ class RetentionSweeper:
         self._thread: threading.Thread | None = None
 
     def sweep(self, now: dt.datetime | None = None) -> dict[str, int]:
+        if self.days <= 0:
+            return {}
         now = now or dt.datetime.now(dt.timezone.utc)
         controller = self.controller
         with controller.lock:
