@@ -16,7 +16,7 @@ from controller.store import AlertRecord, ConfigVersion, Decision, Trial
 from engine.api import APIError, bearer_guard, field_of
 from engine.config import EngineConfig
 from engine.openapi import ERRORS, error, json_body
-from policies import PolicyError, load_policy, parse_policy, shipped_policies
+from policies import Policy, PolicyError, load_policy, parse_policy, shipped_policies
 
 MAX_PAGE = 1000         # rows one read returns at most
 Page = Annotated[int, Query(ge=1, le=MAX_PAGE, description="rows, newest first")]
@@ -25,15 +25,27 @@ CONFLICT = {409: error("the state does not allow it now (see the message)")}
 
 class PolicySwitch(BaseModel):
     """Either the name of a shipped policy, or a whole policy document."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     name: str | None = None
     policy: dict | None = None
 
     @model_validator(mode="after")
     def _one(self) -> PolicySwitch:
-        if (self.name is None) == (self.policy is None):
+        if (self.name is None) == (self.policy is None) or len(self.model_fields_set) != 1:
             raise ValueError("give exactly one of 'name' (a shipped policy) or 'policy' (a policy document)")
         return self
+
+
+POLICY_SWITCH = {"type": "object", "additionalProperties": False, "oneOf": [{"required": ["name"]},
+                                                                            {"required": ["policy"]}],
+                 "properties": {"name": {"type": "string", "enum": shipped_policies()},
+                                "policy": {"$ref": "#/components/schemas/Policy"}}}
+
+
+def _invalid(error: ValidationError) -> APIError:
+    first = error.errors()[0]
+    field = "body" if first["type"] == "json_invalid" else field_of(tuple(first["loc"])) or "body"
+    return APIError(400, f"{field}: {first['msg']}", field)
 
 
 def create_admin_router(controller: Controller, intake: AlertIntake, admin_token: str | None) -> APIRouter:
@@ -59,12 +71,10 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
     @router.put("/admin/config", dependencies=admin, openapi_extra=json_body(EngineConfig), responses=ERRORS)
     async def pin_config(request: Request):
         try:
-            config = EngineConfig.model_validate_json(await request.body())
+            config = EngineConfig.model_validate_json(await request.body(), strict=True)
             decision = await to_thread(controller.pin, config, "operator", "operator override via PUT /admin/config")
         except ValidationError as error:
-            first = error.errors()[0]
-            field = field_of(tuple(first["loc"])) or "body"
-            raise APIError(400, f"{field}: {first['msg']}", field) from error
+            raise _invalid(error) from error
         except EngineClientError as error:
             raise APIError(400, str(error), "body") from error
         return {"config": controller.current.model_dump(), "pinned": True, "decision": decision}
@@ -103,16 +113,19 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
     async def get_policy():
         return {"name": controller.policy_name, "policy": controller.policy.model_dump(), "shipped": shipped_policies()}
 
-    @router.put("/admin/policy", dependencies=admin, responses=ERRORS)
-    async def switch_policy(body: PolicySwitch):
+    @router.put("/admin/policy", dependencies=admin, responses=ERRORS, openapi_extra=json_body(POLICY_SWITCH, Policy))
+    async def switch_policy(request: Request):
         try:
+            body = PolicySwitch.model_validate_json(await request.body())
             if body.name is not None:
                 if body.name not in shipped_policies():
-                    raise APIError(400, f"name: unknown policy {body.name!r}; shipped: {', '.join(shipped_policies())}",
-                                   "name")
+                    raise APIError(400, f"name: unknown policy {body.name!r}; shipped: "
+                                   f"{', '.join(shipped_policies())}", "name")
                 policy, name = load_policy(body.name), body.name
             else:
                 policy, name = parse_policy(body.policy, "policy"), "custom"
+        except ValidationError as error:
+            raise _invalid(error) from error
         except PolicyError as error:
             raise APIError(400, str(error), error.field) from error
         decision = await to_thread(controller.switch_policy, policy, name)

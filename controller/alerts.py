@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator
 
 from controller.loop import Controller
 from engine.api_schema import Text, no_lone_surrogates
@@ -23,13 +23,18 @@ def _bounded(max_length: int):
 LabelName = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(no_lone_surrogates)]
 Labels = Annotated[dict[LabelName, _bounded(1024)], Field(max_length=MAX_LABELS)]
 Annotations = Annotated[dict[LabelName, _bounded(8192)], Field(max_length=MAX_LABELS)]
+_LABEL_VALUE = {"type": "string", "maxLength": 1024}
+AlertLabels = Annotated[Labels, WithJsonSchema({
+    "type": "object", "maxProperties": MAX_LABELS, "propertyNames": {"minLength": 1, "maxLength": 128},
+    "additionalProperties": _LABEL_VALUE, "required": ["alertname"],
+    "properties": {"alertname": {**_LABEL_VALUE, "minLength": 1}, "governor_action": {"enum": list(ACTIONS)}}})]
 
 
 class Alert(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     status: Literal["firing", "resolved"]
-    labels: Labels
+    labels: AlertLabels
     annotations: Annotations = Field(default_factory=dict)
     startsAt: _bounded(64) = Field(min_length=1)
     endsAt: _bounded(64) | None = None
@@ -48,7 +53,7 @@ class Alert(BaseModel):
 
 
 class AlertmanagerPayload(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     version: Literal["4"]
     groupKey: Text

@@ -18,10 +18,10 @@ from starlette.exceptions import HTTPException
 from engine.admission import Overloaded
 from engine.api_schema import served_requests
 from engine.config import EngineConfig
-from engine.edge import BodyLimit, WriteGuard, error_body, has_admin_token
+from engine.edge import BodyLimit, MethodNotAllowed, WriteGuard, error_body, has_admin_token
 from engine.engine import Emission, RequestError
 from engine.metrics import CONTENT_TYPE, EngineMetrics
-from engine.openapi import ERRORS, GENERATION_ERRORS, STREAMING, exact_openapi, json_body
+from engine.openapi import ERRORS, GENERATION_ERRORS, STREAMING, allowed_methods, exact_openapi, json_body
 from engine.service import EngineService, Submission
 from engine.tokenizer import ChatTemplateError
 from engine.tracing import traced_request
@@ -72,6 +72,7 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
     app = FastAPI(title="Governor", version="0.1.0")
     engine, tokenizer = service.engine, service.engine.tokenizer
     refusals = service.admission.refusals
+    app.add_middleware(MethodNotAllowed, allowed=lambda: allowed_methods(app))
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, on_refuse=lambda: refusals.count("body_too_large"))
     app.add_middleware(WriteGuard, admin_token=admin_token)
     app.openapi = exact_openapi(app)
@@ -199,7 +200,7 @@ def _add_engine_admin(app: FastAPI, engine, admin_token: str | None) -> None:
              responses=ERRORS)
     async def put_config(request: Request):
         try:
-            config = EngineConfig.model_validate_json(await request.body())
+            config = EngineConfig.model_validate_json(await request.body(), strict=True)
             engine.apply(config)
         except ValidationError as error:
             first = error.errors()[0]

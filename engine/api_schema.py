@@ -50,12 +50,14 @@ Stops = Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS), BeforeVali
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
     include_usage: bool = False
 
 
 class _GenerationRequest(BaseModel):
-    # Unknown OpenAI fields (user, logprobs, ...) are accepted and ignored, as OpenAI-compatible servers do.
-    model_config = ConfigDict(extra="ignore")
+    # Unknown OpenAI fields (user, logprobs, ...) are accepted and ignored, as OpenAI-compatible servers do; the
+    # known ones take exactly the JSON types their schema says (strict: no "1" for 1, no 0 for false).
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: Text
     max_tokens: int | None = Field(None, ge=1)
@@ -88,6 +90,7 @@ class CompletionRequest(_GenerationRequest):
 
 
 class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True)
     role: Literal["system", "user", "assistant"]
     content: Text
 

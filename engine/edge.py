@@ -8,7 +8,7 @@ from collections.abc import Callable
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 GUARDED_PREFIXES = ("/admin/", "/alerts")
 
 
@@ -29,7 +29,7 @@ class WriteGuard:
         self.app, self.admin_token = app, admin_token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] not in READ_METHODS \
+        if scope["type"] == "http" and scope["method"] in WRITE_METHODS \
                 and scope["path"].startswith(GUARDED_PREFIXES) \
                 and not has_admin_token(_header(scope, b"authorization"), self.admin_token):
             response = JSONResponse(error_body("a valid bearer token (GOVERNOR_ADMIN_TOKEN) is required",
@@ -75,6 +75,28 @@ class BodyLimit:
                                            "invalid_request_error", "body"), status_code=413,
                                 headers={"Connection": "close"})
         await response(scope, receive, send)
+
+
+class MethodNotAllowed:
+    """405 naming every method a path takes in `Allow` (Starlette names only its first route's when a path has a
+    route per method). allowed() maps each path without parameters to its methods; it is read at the first request,
+    once every route is in."""
+
+    def __init__(self, app: ASGIApp, allowed: Callable[[], dict[str, set[str]]]):
+        self.app, self.allowed, self._table = app, allowed, None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            if self._table is None:
+                self._table = self.allowed()
+            methods = self._table.get(scope["path"])
+            if methods is not None and scope["method"] not in methods:
+                allow = ", ".join(sorted(methods))
+                response = JSONResponse(error_body(f"{scope['method']} is not allowed here; allowed: {allow}",
+                                                   "invalid_request_error"), status_code=405, headers={"Allow": allow})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _replay(first: Message, receive: Receive) -> Receive:

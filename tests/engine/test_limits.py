@@ -108,7 +108,8 @@ def test_the_schema_declares_the_bounds_it_enforces(server):
     assert completion["prompt"]["anyOf"][0]["maxLength"] == MAX_CHARS
     assert completion["model"]["enum"] == [MODEL]
     put = schema["paths"]["/admin/config"]["put"]
-    assert put["requestBody"]["content"]["application/json"]["schema"]["properties"]["draft_len"]["maximum"] == 16
+    assert put["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/EngineConfig"}
+    assert schema["components"]["schemas"]["EngineConfig"]["properties"]["draft_len"]["maximum"] == 16
     assert {"401", "413"} <= set(put["responses"]) and "422" not in put["responses"]
 
 
