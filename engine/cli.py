@@ -57,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     add_moe_bench_arguments(moe)
     moe.set_defaults(run=run_moe_bench_parts)
 
+    from engine.bench.soak import add_soak_arguments, run_soak_bench
+
+    soak = benches.add_parser("soak", help="N streaming and non-streaming clients for D minutes, half leaving early: "
+                                           "errors, latency, RSS, KV blocks left")
+    add_soak_arguments(soak)
+    soak.set_defaults(run=run_soak_bench)
     from controller.bench import add_controller_bench_arguments, run_controller_bench
 
     controller_bench = benches.add_parser("controller", help="the controller vs static configs and the per-phase "
