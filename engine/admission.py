@@ -53,6 +53,14 @@ class Admission:
     def waiting_requests(self) -> int:
         return len(self._waiting)
 
+    def refuse_if_full(self) -> None:
+        """Raise Overloaded (counted) if no request could be admitted now, before anything is read or parsed."""
+        max_requests = self.limits.max_waiting_requests
+        if max_requests is not None and len(self._waiting) >= max_requests:
+            with self._lock:
+                self._refuse("requests_waiting", f"{len(self._waiting)} requests are already waiting (the bound "
+                             f"is {max_requests}, GOVERNOR_MAX_WAITING_REQUESTS)")
+
     def admit(self, request_id: str, prompt_tokens: int) -> None:
         """Count the request as waiting, or raise Overloaded and count the refusal."""
         max_requests, max_tokens = self.limits.max_waiting_requests, self.limits.max_waiting_tokens

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 from engine.admission import Overloaded
 from engine.api_schema import served_requests
 from engine.config import EngineConfig
-from engine.edge import BodyLimit, MethodNotAllowed, WriteGuard, error_body, has_admin_token
+from engine.edge import AdmissionGate, BodyLimit, MethodNotAllowed, WriteGuard, error_body, has_admin_token
 from engine.engine import Emission, RequestError
 from engine.metrics import CONTENT_TYPE, EngineMetrics
 from engine.openapi import ERRORS, GENERATION_ERRORS, STREAMING, allowed_methods, exact_openapi, json_body
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
 
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_PROMPT_CHARS = 1 << 17
 
@@ -74,6 +75,7 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
     refusals = service.admission.refusals
     app.add_middleware(MethodNotAllowed, allowed=lambda: allowed_methods(app))
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, on_refuse=lambda: refusals.count("body_too_large"))
+    app.add_middleware(AdmissionGate, admission=service.admission, paths=GENERATION_PATHS)
     app.add_middleware(WriteGuard, admin_token=admin_token)
     app.openapi = exact_openapi(app)
     CompletionRequest, ChatCompletionRequest = served_requests(model_name, max_prompt_chars, engine.max_model_len)

@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
                                            "errors, latency, RSS, KV blocks left")
     add_soak_arguments(soak)
     soak.set_defaults(run=run_soak_bench)
+    from engine.bench.overload import add_overload_arguments, run_overload_bench
+
+    overload = benches.add_parser("overload", help="many requests at once: 429s, 5xx, /health latency, admitted "
+                                                   "requests' latency beside the SLO")
+    add_overload_arguments(overload)
+    overload.set_defaults(run=run_overload_bench)
     from controller.bench import add_controller_bench_arguments, run_controller_bench
 
     controller_bench = benches.add_parser("controller", help="the controller vs static configs and the per-phase "

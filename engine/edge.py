@@ -8,6 +8,8 @@ from collections.abc import Callable
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engine.admission import Admission, Overloaded
+
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 GUARDED_PREFIXES = ("/admin/", "/alerts")
 
@@ -37,6 +39,28 @@ class WriteGuard:
                                     headers={"WWW-Authenticate": "Bearer"})
             await response(scope, receive, send)
             return
+        await self.app(scope, receive, send)
+
+
+def overloaded_response(error: Overloaded) -> JSONResponse:
+    return JSONResponse(error_body(str(error), "rate_limit_error", code=error.reason), status_code=429,
+                        headers={"Retry-After": str(error.retry_after_seconds)})
+
+
+class AdmissionGate:
+    """429 for a generation request while the waiting queue is full, before its body is read: under overload the
+    refusals cost next to nothing, so the server stays responsive for the requests it has admitted."""
+
+    def __init__(self, app: ASGIApp, admission: Admission, paths: frozenset[str]):
+        self.app, self.admission, self.paths = app, admission, paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.paths:
+            try:
+                self.admission.refuse_if_full()
+            except Overloaded as error:
+                await overloaded_response(error)(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
 

@@ -50,10 +50,11 @@ class ServedProcess:
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS in /proc/<pid>/status")
 
-    def metric(self, name: str) -> float:
-        """The value of a label-less (but for model) sample on /metrics, e.g. governor_kv_blocks_in_use."""
+    def metric(self, name: str, **labels: str) -> float:
+        """The value of the sample of `name` on /metrics that carries these labels (and any model)."""
+        wanted = [f'{key}="{value}"' for key, value in labels.items()]
         for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
+            if line.startswith((name + "{", name + " ")) and all(label in line for label in wanted):
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)
 

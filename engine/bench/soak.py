@@ -10,7 +10,7 @@ import json
 import random
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import httpx
@@ -18,6 +18,7 @@ import numpy as np
 
 from engine.bench import report
 from engine.bench.served import ServedProcess
+from engine.bench.streaming import Request, distribution, stream_request, whole_request
 from engine.loadgen.prompts import prompt_set
 from engine.models import DEFAULT_MODEL
 
@@ -36,20 +37,6 @@ def add_soak_arguments(parser: argparse.ArgumentParser) -> None:
                         help="RSS growth is measured after this (default 5; half the run if that is shorter)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="folder for soak.json and soak.png")
-
-
-@dataclass
-class Request:
-    client: int
-    streaming: bool
-    leaves_early: bool
-    started_s: float
-    status: int | None = None
-    outcome: str = "ok"              # ok | left (a deliberate departure) | error
-    error: str | None = None
-    ttft_s: float | None = None
-    itl_s: list[float] = field(default_factory=list)
-    e2e_s: float | None = None
 
 
 def run_soak_bench(args: argparse.Namespace) -> int:
@@ -115,52 +102,16 @@ async def _client(client: httpx.AsyncClient, index: int, model: str, args, promp
         sent = time.perf_counter()
         try:
             if streaming:
-                await _stream(client, prompt.endpoint, body, record, sent, rng.randint(1, 8) if leaves_early else None)
+                await stream_request(client, prompt.endpoint, body, record, sent, rng.randint(1, 8) if leaves_early else None)
             elif leaves_early:
-                await asyncio.wait_for(_whole(client, prompt.endpoint, body, record), timeout=rng.uniform(0.05, 1.0))
+                await asyncio.wait_for(whole_request(client, prompt.endpoint, body, record), timeout=rng.uniform(0.05, 1.0))
             else:
-                await _whole(client, prompt.endpoint, body, record)
+                await whole_request(client, prompt.endpoint, body, record)
         except asyncio.TimeoutError:
             record.outcome = "left"
         except httpx.HTTPError as error:
             record.outcome, record.error = "error", f"{type(error).__name__}: {error}"
         record.e2e_s = time.perf_counter() - sent
-
-
-async def _whole(client: httpx.AsyncClient, endpoint: str, body: dict, record: Request) -> None:
-    reply = await client.post(endpoint, json=body)
-    _check(reply.status_code, reply.text, record)
-
-
-async def _stream(client: httpx.AsyncClient, endpoint: str, body: dict, record: Request, sent: float,
-                  leave_after: int | None) -> None:
-    """leave_after: close the connection after this many content chunks (a deliberate departure)."""
-    async with client.stream("POST", endpoint, json=body) as reply:
-        if reply.status_code != 200:
-            _check(reply.status_code, (await reply.aread()).decode(errors="replace"), record)
-            return
-        record.status, last, chunks = 200, None, 0
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            choice = (json.loads(line[6:]).get("choices") or [{}])[0]
-            if not (choice.get("text") or (choice.get("delta") or {}).get("content")):
-                continue
-            now = time.perf_counter()
-            if last is None:
-                record.ttft_s = now - sent
-            else:
-                record.itl_s.append(now - last)
-            last, chunks = now, chunks + 1
-            if leave_after is not None and chunks >= leave_after:
-                record.outcome = "left"
-                return
-
-
-def _check(status: int, text: str, record: Request) -> None:
-    record.status = status
-    if status != 200:
-        record.outcome, record.error = "error", f"{status}: {text[:200]}"
 
 
 def _kv_blocks_after_idle(server: ServedProcess) -> float:
@@ -185,23 +136,13 @@ def _summary(args, requests: list[Request], rss: list[tuple[float, int]], kv_in_
                      "left_early": sum(r.outcome == "left" for r in requests), "errors": len(errors),
                      "streaming": sum(r.streaming for r in requests)},
         "errors": sorted({r.error for r in errors})[:20],
-        "ttft_s": _distribution([r.ttft_s for r in streamed]),
-        "inter_token_s": _distribution([gap for r in streamed for gap in r.itl_s]),
+        "ttft_s": distribution([r.ttft_s for r in streamed]),
+        "inter_token_s": distribution([gap for r in streamed for gap in r.itl_s]),
         "rss": {"samples": [[round(t, 1), b] for t, b in rss],
                 "growth_after_warmup_ratio": (after[-1] - after[0]) / after[0] if len(after) >= 2 else None},
         "kv_blocks_in_use_after": kv_in_use,
         "records": [asdict(r) for r in requests],
     }
-
-
-def _distribution(values: list[float]) -> dict | None:
-    """p50, p99, and the mean with its 95% confidence interval (normal approximation over the samples)."""
-    if not values:
-        return None
-    data = np.asarray(values)
-    half = 1.96 * data.std(ddof=1) / np.sqrt(len(data)) if len(data) > 1 else float("nan")
-    return {"n": len(data), "p50": float(np.percentile(data, 50)), "p99": float(np.percentile(data, 99)),
-            "mean": float(data.mean()), "mean_ci95": [float(data.mean() - half), float(data.mean() + half)]}
 
 
 def _figure(requests: list[Request], rss: list[tuple[float, int]]):
