@@ -18,11 +18,12 @@ from starlette.exceptions import HTTPException
 from engine.admission import Overloaded
 from engine.api_schema import served_requests
 from engine.config import EngineConfig
-from engine.edge import AdmissionGate, BodyLimit, MethodNotAllowed, WriteGuard, error_body, has_admin_token
+from engine.abandon import whole_unless_abandoned
+from engine.edge import error_body, has_admin_token, install_edge
 from engine.engine import Emission, RequestError
 from engine.metrics import CONTENT_TYPE, EngineMetrics
 from engine.openapi import ERRORS, GENERATION_ERRORS, STREAMING, allowed_methods, exact_openapi, json_body
-from engine.service import EngineService, Submission
+from engine.service import EngineService
 from engine.tokenizer import ChatTemplateError
 from engine.tracing import traced_request
 
@@ -73,10 +74,7 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
     app = FastAPI(title="Governor", version="0.1.0")
     engine, tokenizer = service.engine, service.engine.tokenizer
     refusals = service.admission.refusals
-    app.add_middleware(MethodNotAllowed, allowed=lambda: allowed_methods(app))
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, on_refuse=lambda: refusals.count("body_too_large"))
-    app.add_middleware(AdmissionGate, admission=service.admission, paths=GENERATION_PATHS)
-    app.add_middleware(WriteGuard, admin_token=admin_token)
+    install_edge(app, service.admission, admin_token, max_body_bytes, GENERATION_PATHS, lambda: allowed_methods(app))
     app.openapi = exact_openapi(app)
     CompletionRequest, ChatCompletionRequest = served_requests(model_name, max_prompt_chars, engine.max_model_len)
 
@@ -164,29 +162,9 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
                                     prompt_tokens=len(prompt_ids))
         if body.stream:
             return StreamingResponse(reply.sse(stream, body.include_usage), media_type="text/event-stream")
-        return await _whole_unless_abandoned(request, reply.whole(stream), submission)
+        return await whole_unless_abandoned(request, reply.whole(stream), submission)
 
     return app
-
-
-async def _whole_unless_abandoned(request: Request, whole, submission: Submission):
-    """The whole reply; if the client disconnects first, the request is cancelled and its KV blocks freed."""
-    answer, gone = asyncio.ensure_future(whole), asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not answer.done():
-            answer.cancel()
-            submission.cancel()
-    if answer.cancelled():
-        return Response(status_code=499)        # nobody is left to read it
-    return answer.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _add_engine_admin(app: FastAPI, engine, admin_token: str | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 
+from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -12,6 +13,16 @@ from engine.admission import Admission, Overloaded
 
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 GUARDED_PREFIXES = ("/admin/", "/alerts")
+
+
+def install_edge(app: Starlette, admission: Admission, admin_token: str | None, max_body_bytes: int,
+                 generation_paths: frozenset[str], allowed: Callable[[], dict[str, set[str]]]) -> None:
+    """Outermost first: the write guard, the admission gate, the body limit, then 405 naming every method."""
+    app.add_middleware(MethodNotAllowed, allowed=allowed)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes,
+                       on_refuse=lambda: admission.refusals.count("body_too_large"))
+    app.add_middleware(AdmissionGate, admission=admission, paths=generation_paths)
+    app.add_middleware(WriteGuard, admin_token=admin_token)
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:

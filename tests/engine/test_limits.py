@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from engine.admission import Admission, AdmissionLimits
+from engine.admission import Admission, AdmissionLimits, Overloaded
 from engine.api import create_app
 from engine.config import EngineConfig
 from engine.engine import Engine, EngineLimits
@@ -150,3 +150,15 @@ def test_past_the_waiting_bound_a_request_gets_429_and_admitted_ones_finish(moe_
         assert _metric(url, 'governor_requests_refused_total{model="governor-moe",reason="requests_waiting"}') == 1
         assert _metric(url, 'governor_limit{limit="max_waiting_requests",model="governor-moe"}') == 1
         assert _kv_idle(engine) and _metric(url, 'governor_waiting_requests{model="governor-moe"}') == 0
+
+
+def test_the_prompt_token_bound_refuses_what_would_pass_it_and_started_requests_free_it():
+    admission = Admission(AdmissionLimits(max_waiting_tokens=100))
+    admission.admit("a", 60)
+    with pytest.raises(Overloaded) as refused:
+        admission.admit("b", 41)
+    assert refused.value.reason == "tokens_waiting" and admission.refusals.counts["tokens_waiting"] == 1
+    admission.started("a")
+    admission.started("a")                          # idempotent: a finish after the first token frees nothing more
+    admission.admit("b", 100)
+    assert (admission.waiting_requests, admission.waiting_tokens) == (1, 100)
