@@ -1,5 +1,7 @@
 """ASGI middleware at the edge, before any route reads a byte of the body: writes without the admin token get 401,
-and a body over the size limit gets 413 as soon as its Content-Length, or its streamed bytes, pass the limit."""
+generation requests while the waiting queue is full get 429, a body over the size limit gets 413 as soon as its
+Content-Length, or its streamed bytes, pass the limit, and a method a path does not take gets 405 naming those it
+does."""
 from __future__ import annotations
 
 import secrets
