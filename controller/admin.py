@@ -12,11 +12,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from controller.alerts import AlertIntake, AlertmanagerPayload
 from controller.clients import EngineClientError
 from controller.loop import Controller
-from controller.store import AlertRecord, ConfigVersion, Decision, Trial
-from engine.api import APIError, bearer_guard, field_of
-from engine.config import EngineConfig
+from engine.api_common import APIError, bearer_guard, invalid_body
 from engine.openapi import ERRORS, error, json_body
 from policies import Policy, PolicyError, load_policy, parse_policy, shipped_policies
+from seam import EngineConfig
 
 MAX_PAGE = 1000         # rows one read returns at most
 Page = Annotated[int, Query(ge=1, le=MAX_PAGE, description="rows, newest first")]
@@ -42,17 +41,11 @@ POLICY_SWITCH = {"type": "object", "additionalProperties": False, "oneOf": [{"re
                                 "policy": {"$ref": "#/components/schemas/Policy"}}}
 
 
-def _invalid(error: ValidationError) -> APIError:
-    first = error.errors()[0]
-    field = "body" if first["type"] == "json_invalid" else field_of(tuple(first["loc"])) or "body"
-    return APIError(400, f"{field}: {first['msg']}", field)
-
-
 def create_admin_router(controller: Controller, intake: AlertIntake, admin_token: str | None) -> APIRouter:
     """Every database read and write runs in a worker thread, never on the event loop."""
     admin = [Depends(bearer_guard(admin_token))]
     router = APIRouter()
-    rows = controller.store.rows
+    store = controller.store
 
     @router.get("/admin/window", responses={404: error("no window closed yet")})
     async def window():
@@ -74,7 +67,7 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
             config = EngineConfig.model_validate_json(await request.body(), strict=True)
             decision = await to_thread(controller.pin, config, "operator", "operator override via PUT /admin/config")
         except ValidationError as error:
-            raise _invalid(error) from error
+            raise invalid_body(error) from error
         except EngineClientError as error:
             raise APIError(400, str(error), "body") from error
         return {"config": controller.current.model_dump(), "pinned": True, "decision": decision}
@@ -94,20 +87,20 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
     @router.get("/admin/decisions")
     async def decisions(limit: Page = 100, action: str | None = Query(None, max_length=32)):
         filters = {"action": action} if action else {}
-        return {"decisions": await to_thread(rows, Decision, limit, **filters)}
+        return {"decisions": await to_thread(store.decisions, limit, **filters)}
 
     @router.get("/admin/history")
     async def history(limit: Page = 100):
-        return {"versions": await to_thread(rows, ConfigVersion, limit),
+        return {"versions": await to_thread(store.config_versions, limit),
                 "last_known_good": controller.last_known_good.version}
 
     @router.get("/admin/trials")
     async def trials(limit: Page = 100):
-        return {"trials": await to_thread(rows, Trial, limit)}
+        return {"trials": await to_thread(store.trials, limit)}
 
     @router.get("/admin/alerts")
     async def alerts(limit: Page = 100):
-        return {"alerts": await to_thread(rows, AlertRecord, limit)}
+        return {"alerts": await to_thread(store.alerts, limit)}
 
     @router.get("/admin/policy")
     async def get_policy():
@@ -125,27 +118,26 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
             else:
                 policy, name = parse_policy(body.policy, "policy"), "custom"
         except ValidationError as error:
-            raise _invalid(error) from error
+            raise invalid_body(error) from error
         except PolicyError as error:
             raise APIError(400, str(error), error.field) from error
         decision = await to_thread(controller.switch_policy, policy, name)
         return {"name": name, "decision": decision}
 
+    def switched(decision: int | None, refusal: str) -> dict:
+        if decision is None:
+            raise APIError(409, f"{refusal} (policy {controller.policy_name})", kind="conflict_error")
+        return {"name": controller.policy_name, "decision": decision}
+
     @router.post("/admin/search/start", dependencies=admin, responses=CONFLICT)
     async def start_search():
-        decision = await to_thread(controller.start_search, load_policy("optuna"), "optuna")
-        if decision is None:
-            raise APIError(409, f"an Optuna search is already running (policy {controller.policy_name})",
-                           kind="conflict_error")
-        return {"name": controller.policy_name, "decision": decision}
+        return switched(await to_thread(controller.start_search, load_policy("optuna"), "optuna"),
+                        "an Optuna search is already running")
 
     @router.post("/admin/search/stop", dependencies=admin, responses=CONFLICT)
     async def stop_search():
-        decision = await to_thread(controller.stop_search, load_policy("default"), "default")
-        if decision is None:
-            raise APIError(409, f"no Optuna search is running (policy {controller.policy_name})",
-                           kind="conflict_error")
-        return {"name": controller.policy_name, "decision": decision}
+        return switched(await to_thread(controller.stop_search, load_policy("default"), "default"),
+                        "no Optuna search is running")
 
     @router.post("/alerts", dependencies=admin, responses=ERRORS)
     async def receive_alerts(payload: AlertmanagerPayload):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema,
+                      field_validator)
 
 from controller.loop import Controller
 from engine.api_schema import Text, no_lone_surrogates

@@ -6,10 +6,9 @@ from typing import Protocol
 
 import httpx
 
-from controller.windows import merge_windows, window_from_dict
-from engine.config import EngineConfig
+from controller.window_stats import merge_windows, window_from_dict
 from engine.engine import Engine
-from engine.window import Window
+from seam import EngineConfig, Window
 
 
 class EngineClientError(RuntimeError):

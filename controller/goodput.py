@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.window import Window
+from seam import Window
 
 RECENT_WINDOWS = 5
 

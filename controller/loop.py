@@ -9,13 +9,13 @@ import threading
 from dataclasses import dataclass
 
 from controller.clients import EngineClient, EngineClientError
-from controller.metrics import CountingSink, MetricsSink
-from controller.rules import Proposal, RulePolicy
+from controller.counters import CountingSink, MetricsSink
+from controller.rule_policy import RulePolicy
 from controller.store import Pin, Store
-from controller.windows import merge_windows, no_data_reason, slo_breaches, tokens_per_busy_second, window_summary
-from engine.config import EngineConfig
-from engine.window import Window
+from controller.strategy import Proposal, Strategy
+from controller.window_stats import merge_windows, no_data_reason, slo_breaches, tokens_per_busy_second, window_summary
 from policies import Policy
+from seam import EngineConfig, Window
 
 log = logging.getLogger("governor.controller")
 MAX_NO_DATA_WINDOWS = 3     # a trial that sees no traffic for this many windows is reverted as inconclusive
@@ -314,9 +314,10 @@ class Controller:
         self.on_decision(decision, action, reason)
         return decision
 
-    def _strategy_for(self, policy: Policy):
+    def _strategy_for(self, policy: Policy) -> Strategy:
         if policy.kind == "optuna":
-            from controller.search import OptunaSearch
+            # optuna is heavy (it loads alembic and the samplers): imported only when a search runs
+            from controller.optuna_search import OptunaSearch
             return OptunaSearch(policy, self.store.url)
         return RulePolicy(policy)
 

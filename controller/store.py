@@ -12,7 +12,7 @@ from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Uniqu
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from engine.config import EngineConfig
+from seam import EngineConfig
 
 
 def _now() -> dt.datetime:
@@ -257,6 +257,18 @@ class Store:
         with Session(self.engine) as session:
             query = select(table).filter_by(**equal).order_by(table.__mapper__.primary_key[0].desc()).limit(limit)
             return [_as_dict(row) for row in session.scalars(query)]
+
+    def decisions(self, limit: int = 100, **equal: Any) -> list[dict]:
+        return self.rows(Decision, limit, **equal)
+
+    def config_versions(self, limit: int = 100) -> list[dict]:
+        return self.rows(ConfigVersion, limit)
+
+    def trials(self, limit: int = 100) -> list[dict]:
+        return self.rows(Trial, limit)
+
+    def alerts(self, limit: int = 100) -> list[dict]:
+        return self.rows(AlertRecord, limit)
 
     def count(self, table: type[Base], **equal: Any) -> int:
         with Session(self.engine) as session:

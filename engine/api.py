@@ -9,23 +9,21 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
-from starlette.exceptions import HTTPException
 
-from engine.admission import Overloaded
-from engine.api_schema import served_requests
-from engine.config import EngineConfig
 from engine.abandon import whole_unless_abandoned
-from engine.edge import error_body, has_admin_token, install_edge
+from engine.admission import Overloaded
+from engine.api_common import APIError, bearer_guard, install_error_handlers, invalid_body
+from engine.api_schema import served_requests
+from engine.edge import install_edge
 from engine.engine import Emission, RequestError
 from engine.metrics import CONTENT_TYPE, EngineMetrics
 from engine.openapi import ERRORS, GENERATION_ERRORS, STREAMING, allowed_methods, exact_openapi, json_body
 from engine.service import EngineService
 from engine.tokenizer import ChatTemplateError
 from engine.tracing import traced_request
+from seam import EngineConfig
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -34,32 +32,6 @@ if TYPE_CHECKING:
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_PROMPT_CHARS = 1 << 17
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: str | None = None, headers: dict[str, str] | None = None):
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-        self.code, self.headers = code, headers
-
-
-def _error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(status_code=error.status, headers=error.headers,
-                        content=error_body(error.message, error.kind, error.param, error.code))
-
-
-def field_of(loc: tuple) -> str:
-    return ".".join(str(part) for part in loc if part not in ("body", "query", "path"))
-
-
-def bearer_guard(admin_token: str | None):
-    """A dependency that refuses (401) any request without the admin bearer token (and declares it in OpenAPI)."""
-    scheme = HTTPBearer(auto_error=False, description="GOVERNOR_ADMIN_TOKEN")
-
-    def require_admin(credentials: HTTPAuthorizationCredentials | None = Depends(scheme)) -> None:
-        if credentials is None or not has_admin_token(credentials.credentials, admin_token):
-            raise APIError(401, "a valid bearer token (GOVERNOR_ADMIN_TOKEN) is required", kind="authentication_error")
-    return require_admin
 
 
 def create_app(service: EngineService, model_name: str, admin_token: str | None,
@@ -78,22 +50,7 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
     app.openapi = exact_openapi(app)
     CompletionRequest, ChatCompletionRequest = served_requests(model_name, max_prompt_chars, engine.max_model_len)
 
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, error: APIError):
-        return _error_response(error)
-
-    @app.exception_handler(HTTPException)
-    async def _http_error(_: Request, error: HTTPException):
-        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-        return _error_response(APIError(error.status_code, str(error.detail), kind=kind, headers=error.headers))
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, error: RequestValidationError):
-        first = error.errors()[0]
-        field = "body" if first["type"] == "json_invalid" else field_of(tuple(first["loc"])) or "body"
-        if first["type"] == "string_too_long" and field.startswith(("prompt", "messages")):
-            refusals.count("prompt_too_long")
-        return _error_response(APIError(400, f"{field}: {first['msg']}", field))
+    install_error_handlers(app, refusals)
 
     def check_model(name: str) -> None:
         if name != model_name:
@@ -183,9 +140,7 @@ def _add_engine_admin(app: FastAPI, engine, admin_token: str | None) -> None:
             config = EngineConfig.model_validate_json(await request.body(), strict=True)
             engine.apply(config)
         except ValidationError as error:
-            first = error.errors()[0]
-            field = field_of(tuple(first["loc"])) or "body"
-            raise APIError(400, f"{field}: {first['msg']}", field) from error
+            raise invalid_body(error) from error
         except RequestError as error:
             raise APIError(400, str(error), error.field) from error
         return config.model_dump()

@@ -4,10 +4,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, WithJsonSchema, \
-    create_model
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints,
+                      WithJsonSchema, create_model)
 
-from engine.config import SamplingParams
+from seam import SamplingParams
 
 MAX_STOP_STRINGS = 4
 MAX_MESSAGES = 256

@@ -10,9 +10,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from engine.batch import SequenceChunk, build_forward_batch
 from engine.kv_cache import KVCache
-from engine.modeling import Transformer
 from engine.sampling import probs_from_logits, uniforms
 from engine.sequence import Sequence
+from engine.transformer import Transformer
 from kernels import sample_categorical
 
 

@@ -8,28 +8,25 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from engine.batch import SequenceChunk, build_forward_batch
-from engine.config import EngineConfig, SamplingParams
 from engine.drafters import Drafter, Drafts, ModelDrafter, NgramDrafter
+from engine.ep import ExpertParallel
 from engine.experts import ExpertRuntime, StepCounts, expert_topology
 from engine.kv_cache import BlockAllocator, KVCache
-from engine.modeling import Transformer
+from engine.limits import EngineLimits
 from engine.moe import LOCAL
 from engine.placement import PlacementError, Topology, check_placement, identity_placement, tokens_per_device
 from engine.sampling import probs_from_logits, uniforms
 from engine.scheduler import Scheduled, Scheduler
 from engine.sequence import Sequence
-from engine.telemetry import Telemetry, TelemetrySink
+from engine.telemetry import StepRecord, Telemetry, TelemetrySink
 from engine.tokenizer import Tokenizer
-from engine.window import Window
+from engine.transformer import Transformer
 from kernels import verify_drafts
-
-if TYPE_CHECKING:
-    from engine.ep import ExpertParallel
+from seam import EngineConfig, SamplingParams, Window
 
 
 class RequestError(ValueError):
@@ -38,18 +35,6 @@ class RequestError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
-
-
-@dataclass(frozen=True)
-class EngineLimits:
-    kv_cache_tokens: int = 16384
-    block_size: int = 16
-    max_num_seqs: int = 32
-    max_batch_tokens: int = 512
-
-    @property
-    def num_blocks(self) -> int:
-        return -(-self.kv_cache_tokens // self.block_size)
 
 
 @dataclass
@@ -162,8 +147,7 @@ class Engine:
         sampling = [item for item in plan if item.samples]
         drafting = [item for item in sampling if item.draft_len > 0]
         drafts, draft_seconds = self._draft(drafting)
-        draft_lists = self._draft_lists(drafting, drafts)
-        chunks = [self._chunk(item, draft_lists.get(id(item), [])) for item in plan]
+        chunks = [self._chunk(item) for item in plan]
         target_started = time.perf_counter()
         if self.ep is not None:
             self.ep.forward(chunks, self.config.capacity_factor)
@@ -172,22 +156,22 @@ class Engine:
         _synchronize(self.device)
         target_seconds = time.perf_counter() - target_started
         expert_counts = self.experts.take_counts() if self.experts is not None else None
-        num_accepted, next_tokens = self._verify(sampling, draft_lists, drafts, logits)
+        self._verify(sampling, drafts, logits)
 
         now = time.perf_counter()
         emissions = []
         for item in plan:
             if not item.samples:
                 item.seq.num_computed += item.num_new
-        for item, accepted, next_token in zip(sampling, num_accepted, next_tokens):
-            seq, proposed = item.seq, draft_lists.get(id(item), [])
+        for item in sampling:
+            seq = item.seq
             drafted_from = len(seq.tokens)
-            seq.num_computed += item.num_new + accepted
-            if proposed:
-                self.drafter.accepted(seq, drafted_from, accepted)
-            emissions.append(self._deliver(seq, proposed[:accepted] + [next_token], now))
-        self._record_step(plan, drafting, draft_lists, num_accepted, sampling, queue_depth,
-                          time.perf_counter() - started, target_seconds, draft_seconds, expert_counts)
+            seq.num_computed += item.num_new + item.accepted
+            if item.proposed:
+                self.drafter.accepted(seq, drafted_from, item.accepted)
+            emissions.append(self._deliver(seq, item.proposed[:item.accepted] + [item.next_token], now))
+        self.telemetry.record_step(self._step_record(plan, drafting, queue_depth, time.perf_counter() - started,
+                                                     target_seconds, draft_seconds, expert_counts))
         return emissions
 
     def _drafter_for(self, config: EngineConfig) -> Drafter | None:
@@ -198,74 +182,72 @@ class Engine:
         return None
 
     def _draft(self, drafting: list[Scheduled]) -> tuple[Drafts | None, float]:
+        """Propose drafts for the drafting items, noting each one's tokens and row on the item."""
         if not drafting:
             return None, 0.0
         started = time.perf_counter()
         drafts = self.drafter.propose([item.seq for item in drafting], [item.draft_len for item in drafting])
         _synchronize(self.device)
-        return drafts, time.perf_counter() - started
-
-    @staticmethod
-    def _draft_lists(drafting: list[Scheduled], drafts: Drafts | None) -> dict[int, list[int]]:
-        if drafts is None:
-            return {}
+        seconds = time.perf_counter() - started
         tokens, counts = drafts.tokens.tolist(), drafts.num_drafts.tolist()
-        return {id(item): tokens[i][:counts[i]] for i, item in enumerate(drafting)}
+        for row, item in enumerate(drafting):
+            item.proposed, item.draft_row = tokens[row][:counts[row]], row
+        return drafts, seconds
 
     @staticmethod
-    def _chunk(item: Scheduled, proposed: list[int]) -> SequenceChunk:
+    def _chunk(item: Scheduled) -> SequenceChunk:
         seq = item.seq
-        fed = seq.tokens[seq.num_computed:seq.num_computed + item.num_new] + proposed
+        fed = seq.tokens[seq.num_computed:seq.num_computed + item.num_new] + item.proposed
         return SequenceChunk(fed, seq.num_computed, seq.block_table,
                              item.num_new - 1 if item.samples else len(fed))
 
-    def _verify(self, sampling: list[Scheduled], draft_lists: dict[int, list[int]], drafts: Drafts | None,
-                logits: torch.Tensor) -> tuple[list[int], list[int]]:
+    def _verify(self, sampling: list[Scheduled], drafts: Drafts | None, logits: torch.Tensor) -> None:
+        """Judge each sampling item's drafts against the target and set item.accepted and item.next_token.
+
+        logits: [sum over items of (len(proposed) + 1), vocab], one row per position the items sample at, item
+        after item: its proposed drafts' positions, then the bonus position after them. B = len(sampling)."""
         if not sampling:
-            return [], []
+            return
         if all(item.seq.params.greedy for item in sampling):
-            return self._verify_greedy(sampling, draft_lists, logits)
-        counts = [len(draft_lists.get(id(item), [])) for item in sampling]
+            self._verify_greedy(sampling, logits)
+            return
+        counts = [len(item.proposed) for item in sampling]
         k = max(counts, default=0)
         params = [item.seq.params for item in sampling]
-        per_row = torch.tensor(counts, device=self.device) + 1
+        per_row = torch.tensor(counts, device=self.device) + 1                          # [B]
         temperature = torch.tensor([p.temperature for p in params], device=self.device).repeat_interleave(per_row)
         top_p = torch.tensor([p.top_p for p in params], device=self.device).repeat_interleave(per_row)
-        probs = probs_from_logits(logits, temperature, top_p)
-        starts = torch.cumsum(per_row, 0) - per_row
-        offsets = torch.arange(k + 1, device=self.device)
-        rows = torch.where(offsets[None, :] < per_row[:, None], starts[:, None] + offsets[None, :], 0)
-        draft_tokens = torch.zeros(len(sampling), k, dtype=torch.long, device=self.device)
-        draft_probs = None
+        probs = probs_from_logits(logits, temperature, top_p)                           # [sum(per_row), vocab]
+        starts = torch.cumsum(per_row, 0) - per_row                                     # [B] first row per item
+        offsets = torch.arange(k + 1, device=self.device)                               # [k + 1]
+        rows = torch.where(offsets[None, :] < per_row[:, None], starts[:, None] + offsets[None, :], 0)  # [B, k + 1]
+        draft_tokens = torch.zeros(len(sampling), k, dtype=torch.long, device=self.device)              # [B, k]
+        draft_probs = None                                                              # [B, k, vocab] if sampled
         if drafts is not None and drafts.probs is not None:
             draft_probs = torch.zeros(len(sampling), k, probs.shape[-1], device=self.device)
-        drafted_index = 0
         for i, item in enumerate(sampling):
             if counts[i]:
-                draft_tokens[i, :counts[i]] = torch.tensor(draft_lists[id(item)], device=self.device)
+                draft_tokens[i, :counts[i]] = torch.tensor(item.proposed, device=self.device)
                 if draft_probs is not None:
-                    draft_probs[i, :counts[i]] = drafts.probs[drafted_index, :counts[i]]
-            drafted_index += id(item) in draft_lists
-        randoms = uniforms([item.seq.generator for item in sampling], [c + 1 for c in counts], self.device)
-        sample_u = randoms.gather(1, torch.tensor(counts, device=self.device)[:, None]).squeeze(1)
+                    draft_probs[i, :counts[i]] = drafts.probs[item.draft_row, :counts[i]]
+        randoms = uniforms([item.seq.generator for item in sampling], [c + 1 for c in counts], self.device)  # [B, k+1]
+        sample_u = randoms.gather(1, torch.tensor(counts, device=self.device)[:, None]).squeeze(1)          # [B]
         num_accepted, next_token = verify_drafts(draft_tokens, torch.tensor(counts, device=self.device), draft_probs,
-                                                 probs[rows], randoms[:, :k], sample_u)
-        return num_accepted.tolist(), next_token.tolist()
+                                                 probs[rows], randoms[:, :k], sample_u)                     # [B], [B]
+        for item, accepted, token in zip(sampling, num_accepted.tolist(), next_token.tolist()):
+            item.accepted, item.next_token = accepted, token
 
     @staticmethod
-    def _verify_greedy(sampling: list[Scheduled], draft_lists: dict[int, list[int]],
-                       logits: torch.Tensor) -> tuple[list[int], list[int]]:
+    def _verify_greedy(sampling: list[Scheduled], logits: torch.Tensor) -> None:
         """verify_drafts for one-hot target rows: a draft is kept while it is the target's argmax, and the next
-        token is the argmax after the last kept draft."""
-        best = logits.argmax(dim=-1).tolist()
-        num_accepted, next_tokens, row = [], [], 0
+        token is the argmax after the last kept draft. logits: as in _verify."""
+        best = logits.argmax(dim=-1).tolist()                                           # [sum(len(proposed) + 1)]
+        row = 0
         for item in sampling:
-            proposed = draft_lists.get(id(item), [])
-            accepted = next((j for j, token in enumerate(proposed) if token != best[row + j]), len(proposed))
-            num_accepted.append(accepted)
-            next_tokens.append(best[row + accepted])
+            proposed = item.proposed
+            item.accepted = next((j for j, token in enumerate(proposed) if token != best[row + j]), len(proposed))
+            item.next_token = best[row + item.accepted]
             row += len(proposed) + 1
-        return num_accepted, next_tokens
 
     # -- delivering tokens ------------------------------------------------------------------------
 
@@ -317,13 +299,12 @@ class Engine:
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
-    def _record_step(self, plan, drafting, draft_lists, num_accepted, sampling, queue_depth, step_seconds,
-                     target_seconds, draft_seconds, expert_counts: StepCounts | None) -> None:
-        accepted_by_item = {id(item): n for item, n in zip(sampling, num_accepted)}
-        proposed = [len(draft_lists[id(item)]) for item in drafting]
-        accepted = [accepted_by_item[id(item)] for item in drafting]
+    def _step_record(self, plan: list[Scheduled], drafting: list[Scheduled], queue_depth: int, step_seconds: float,
+                     target_seconds: float, draft_seconds: float, expert_counts: StepCounts | None) -> StepRecord:
+        proposed = [len(item.proposed) for item in drafting]
+        accepted = [item.accepted for item in drafting]
         k = max(proposed, default=0)
-        self.telemetry.record_step(
+        return StepRecord(
             batch_size=len(plan), queue_depth=queue_depth, step_seconds=step_seconds,
             target_seconds=target_seconds, draft_seconds=draft_seconds,
             drafted_per_position=[sum(p > j for p in proposed) for j in range(k)],
@@ -334,7 +315,7 @@ class Engine:
 
     def _moe_figures(self, counts: StepCounts | None) -> dict:
         if counts is None:
-            return {"expert_tokens": None}
+            return {}
         return {"expert_tokens": counts.expert_tokens, "slot_tokens": counts.slot_tokens,
                 "rank_tokens": torch.from_numpy(tokens_per_device(counts.slot_tokens.numpy(), self.experts.topology)),
                 "dropped_per_layer": counts.dropped_per_layer, "all_to_all_seconds": counts.all_to_all_seconds}

@@ -12,6 +12,7 @@ import contextlib
 import os
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -19,13 +20,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from engine.batch import SequenceChunk, build_forward_batch
-from engine.engine import EngineLimits
 from engine.experts import ExpertRuntime, drop_logical_experts, expert_topology
 from engine.kv_cache import KVCache
-from engine.modeling import Transformer
+from engine.limits import EngineLimits
 from engine.placement import Topology
+from engine.transformer import Transformer
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
+
+TargetLoader = Callable[[torch.device, torch.dtype], Transformer]
+"""Loads the target model onto a device in a dtype; a spawned rank unpickles it, so it must be picklable."""
 
 
 class ExpertParallelError(RuntimeError):
@@ -79,11 +83,12 @@ class GroupExchange:
 
 
 class ExpertParallel:
-    """Rank 0's handle on a group of `ranks` processes serving one MoE target (model: name or path)."""
+    """Rank 0's handle on a group of `ranks` processes serving one MoE target."""
 
-    def __init__(self, model: str, ranks: int, target: Transformer, limits: EngineLimits,
+    def __init__(self, loader: TargetLoader, ranks: int, target: Transformer, limits: EngineLimits,
                  redundant_experts: int = 0, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS):
-        """Spawn ranks 1..ranks-1 (each loads `model` itself) and join them as rank 0 of the default group."""
+        """Spawn ranks 1..ranks-1 (each loads the target itself with `loader`) and join them as rank 0 of the
+        default group."""
         if ranks < 2:
             raise ValueError(f"expert parallelism needs at least 2 ranks, got {ranks}")
         if dist.is_initialized():
@@ -106,7 +111,7 @@ class ExpertParallel:
             ours, theirs = context.Pipe()
             worker = context.Process(
                 target=_serve_rank, name=f"governor-ep-rank{rank}", daemon=True,
-                args=(rank, ranks, backend, init_method, model, self.topology, limits,
+                args=(rank, ranks, backend, init_method, loader, self.topology, limits,
                       str(_rank_device(device, rank)), dtype, threads, timeout_seconds, theirs))
             worker.start()
             theirs.close()
@@ -182,12 +187,10 @@ class ExpertParallel:
         return reply
 
 
-def _serve_rank(rank: int, world: int, backend: str, init_method: str, model: str, topology: Topology,
+def _serve_rank(rank: int, world: int, backend: str, init_method: str, loader: TargetLoader, topology: Topology,
                 limits: EngineLimits, device: str, dtype: torch.dtype, threads: int, timeout_seconds: float,
                 pipe) -> None:
     """A worker rank: hold its expert slots and mirror rank 0's target forwards until told to stop."""
-    from engine.models import load_models
-
     torch.set_num_threads(threads)
     device = torch.device(device)
     if device.type == "cuda":
@@ -195,7 +198,7 @@ def _serve_rank(rank: int, world: int, backend: str, init_method: str, model: st
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_seconds))
     try:
-        target = load_models(model, draft="none", device=device, dtype=dtype).target
+        target = loader(device, dtype)
         experts = ExpertRuntime(target, topology, GroupExchange(rank, world, device))
         drop_logical_experts(target)
         cache = KVCache(target.spec, limits.num_blocks * limits.block_size, dtype, device)

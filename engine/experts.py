@@ -5,9 +5,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.modeling import Transformer
 from engine.moe import LOCAL, Exchange, ExpertSlots, MoEBlock, moe_forward
 from engine.placement import Topology, identity_placement
+from engine.transformer import Transformer
 
 
 def expert_topology(num_experts: int, ranks: int, redundant_experts: int = 0) -> Topology:

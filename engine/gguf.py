@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 
 import gguf
@@ -39,10 +37,6 @@ MODEL_TENSORS = {
     "output": "lm_head",
 }
 _REQUIRED = object()
-
-
-def default_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    return Path(environ.get("GOVERNOR_CACHE_DIR") or Path.home() / ".cache" / "governor")
 
 
 def smollm2_gguf_path() -> Path:

@@ -5,7 +5,7 @@ from collections import deque
 
 import torch
 
-from engine.spec import ModelSpec
+from engine.model_spec import ModelSpec
 
 
 class OutOfBlocks(RuntimeError):
@@ -29,8 +29,13 @@ class BlockAllocator:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def can_grow(self, table: list[int], num_tokens: int) -> bool:
+        """Whether grow(table, num_tokens) would succeed."""
+        return self.blocks_for(num_tokens) - len(table) <= len(self._free)
+
     def grow(self, table: list[int], num_tokens: int) -> None:
-        """Extend a block table in place so that it holds num_tokens; raises OutOfBlocks, changing nothing."""
+        """Extend a block table in place so that it holds num_tokens; raises OutOfBlocks, changing nothing (ask
+        can_grow first)."""
         missing = self.blocks_for(num_tokens) - len(table)
         if missing <= 0:
             return

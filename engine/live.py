@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.config import EngineConfig
 from engine.placement import balancedness
+from engine.telemetry import StepRecord
+from seam import EngineConfig
 
 HISTORY_SECONDS = 300           # buckets kept
 MAX_SAMPLES_PER_SECOND = 2_000  # latency samples kept per bucket and distribution
@@ -62,19 +63,17 @@ class LiveTelemetry:
     def record_config(self, config: EngineConfig) -> None:
         """Not kept: the page reads the config in use from the controller (or the engine)."""
 
-    def record_step(self, *, batch_size: int, queue_depth: int, step_seconds: float,
-                    drafted_per_position: list[int], accepted_per_position: list[int],
-                    expert_tokens=None, rank_tokens=None, all_to_all_seconds: float = 0.0, **_others) -> None:
-        experts, ranks = _array(expert_tokens), _array(rank_tokens)
+    def record_step(self, step: StepRecord) -> None:
+        experts, ranks = _array(step.expert_tokens), _array(step.rank_tokens)
         with self._lock:
             second = self._bucket()
             second.steps += 1
-            second.batch_size_sum += batch_size
-            second.queue_depth_sum += queue_depth
-            second.step_seconds += step_seconds
-            second.all_to_all_seconds += all_to_all_seconds or 0.0
-            second.drafted = _sum(second.drafted, np.asarray(drafted_per_position, dtype=float))
-            second.accepted = _sum(second.accepted, np.asarray(accepted_per_position, dtype=float))
+            second.batch_size_sum += step.batch_size
+            second.queue_depth_sum += step.queue_depth
+            second.step_seconds += step.step_seconds
+            second.all_to_all_seconds += step.all_to_all_seconds
+            second.drafted = _sum(second.drafted, np.asarray(step.drafted_per_position, dtype=float))
+            second.accepted = _sum(second.accepted, np.asarray(step.accepted_per_position, dtype=float))
             if experts is not None:
                 second.expert_tokens = experts if second.expert_tokens is None else _sum(second.expert_tokens, experts)
             if ranks is not None:

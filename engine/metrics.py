@@ -12,11 +12,12 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE  # noqa: F401  (re-exported)
 from prometheus_client.registry import Collector
 
-from engine.config import EngineConfig
+from engine.telemetry import StepRecord
+from seam import EngineConfig
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
@@ -103,36 +104,28 @@ class EngineMetrics:
     def record_config(self, config: EngineConfig) -> None:
         self._config.config = config
 
-    def record_step(self, *, step_seconds: float, target_seconds: float, draft_seconds: float,
-                    drafted_per_position: list[int], accepted_per_position: list[int], num_drafts: int,
-                    prefill_tokens: int, expert_tokens: Sequence[Sequence[int]] | None = None,
-                    slot_tokens: Sequence[Sequence[int]] | None = None,
-                    dropped_per_layer: Sequence[int] | None = None,
-                    rank_tokens: Sequence[Sequence[int]] | None = None, balancedness: float | None = None,
-                    balancedness_per_layer: Sequence[float | None] | None = None,
-                    all_to_all_seconds: float | None = None, **_window_only: object) -> None:
-        """Keyword arguments beyond these (e.g. batch_size, comm_share) are derived in PromQL or read live."""
-        self.steps.observe(step_seconds)
-        self.target_seconds.inc(target_seconds)
-        self.draft_seconds.inc(draft_seconds)
-        self.num_drafts.inc(num_drafts)
-        self.num_draft_tokens.inc(sum(drafted_per_position))
-        self.num_accepted_tokens.inc(sum(accepted_per_position))
-        if drafted_per_position:
-            self.draft_tokens_per_pos.add(drafted_per_position)
-            self.accepted_per_pos.add(accepted_per_position)
-        self.prompt_tokens.inc(prefill_tokens)
-        for grid, counts in ((self.expert_tokens, expert_tokens), (self.slot_tokens, slot_tokens),
-                             (self.rank_tokens, rank_tokens)):
+    def record_step(self, step: StepRecord) -> None:
+        """Batch size and queue depth are read when scraped (watch_load), not per step."""
+        self.steps.observe(step.step_seconds)
+        self.target_seconds.inc(step.target_seconds)
+        self.draft_seconds.inc(step.draft_seconds)
+        self.num_drafts.inc(step.num_drafts)
+        self.num_draft_tokens.inc(sum(step.drafted_per_position))
+        self.num_accepted_tokens.inc(sum(step.accepted_per_position))
+        if step.drafted_per_position:
+            self.draft_tokens_per_pos.add(step.drafted_per_position)
+            self.accepted_per_pos.add(step.accepted_per_position)
+        self.prompt_tokens.inc(step.prefill_tokens)
+        for grid, counts in ((self.expert_tokens, step.expert_tokens), (self.slot_tokens, step.slot_tokens),
+                             (self.rank_tokens, step.rank_tokens)):
             if counts is not None:
                 grid.add(counts)
-        if dropped_per_layer is not None:
-            self.dropped_tokens.add(dropped_per_layer)
-        if all_to_all_seconds is not None:
-            self.all_to_all_seconds.inc(all_to_all_seconds)
-        if balancedness is not None:
-            self.balancedness.labels(self.model).set(balancedness)
-        for layer, value in enumerate(balancedness_per_layer or ()):
+        if step.dropped_per_layer is not None:
+            self.dropped_tokens.add(step.dropped_per_layer)
+        self.all_to_all_seconds.inc(step.all_to_all_seconds)
+        if step.balancedness is not None:
+            self.balancedness.labels(self.model).set(step.balancedness)
+        for layer, value in enumerate(step.balancedness_per_layer or ()):
             if value is not None:
                 self.layer_balancedness.labels(self.model, str(layer)).set(value)
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.spec import ModelSpec
+from engine.model_spec import ModelSpec
 from kernels import expert_capacity, route_tokens
 
 

@@ -2,18 +2,23 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from engine.kv_cache import BlockAllocator, OutOfBlocks
+from engine.kv_cache import BlockAllocator
 from engine.sequence import Sequence
 
 
 @dataclass
 class Scheduled:
+    """One sequence's share of a step; the engine fills in the step's scratch (drafts, verdict) as it goes."""
     seq: Sequence
     num_new: int      # tokens fed from seq.tokens, starting at seq.num_computed
     draft_len: int    # drafts to verify after them (decode only)
     prefill: bool = False
+    proposed: list[int] = field(default_factory=list)   # draft tokens the drafter proposed (<= draft_len)
+    draft_row: int | None = None                          # this item's row in the step's Drafts, if it drafted
+    accepted: int = 0                                     # proposed tokens the target kept
+    next_token: int | None = None                         # the token sampled after the kept drafts
 
     @property
     def samples(self) -> bool:
@@ -73,30 +78,28 @@ class Scheduler:
         chunk = min(len(seq.tokens) - seq.num_computed, budget)
         if chunk <= 0:
             return budget
+        num_tokens = seq.num_computed + chunk
         if may_preempt:
-            if not self._grow_or_preempt(seq, seq.num_computed + chunk, plan):
+            if not self._grow_or_preempt(seq, num_tokens, plan):
                 return budget
+        elif self.allocator.can_grow(seq.block_table, num_tokens):
+            self.allocator.grow(seq.block_table, num_tokens)
         else:
-            try:
-                self.allocator.grow(seq.block_table, seq.num_computed + chunk)
-            except OutOfBlocks:
-                return budget
+            return budget
         plan.append(Scheduled(seq, chunk, 0, prefill=True))
         return budget - chunk
 
     def _grow_or_preempt(self, seq: Sequence, num_tokens: int, plan: list[Scheduled]) -> bool:
         """Make room for seq by preempting the latest-arrived unplanned sequences; False if seq itself went."""
-        planned = {id(p.seq) for p in plan}
-        while True:
-            try:
-                self.allocator.grow(seq.block_table, num_tokens)
-                return True
-            except OutOfBlocks:
-                victim = max((s for s in self.running if id(s) not in planned), key=lambda s: s.arrival)
-                self.running.remove(victim)
-                self.allocator.release(victim.block_table)
-                victim.preempt()
-                self.waiting.appendleft(victim)
-                self.preemptions += 1
-                if victim is seq:
-                    return False
+        planned = {p.seq for p in plan}
+        while not self.allocator.can_grow(seq.block_table, num_tokens):
+            victim = max((s for s in self.running if s not in planned), key=lambda s: s.arrival)
+            self.running.remove(victim)
+            self.allocator.release(victim.block_table)
+            victim.preempt()
+            self.waiting.appendleft(victim)
+            self.preemptions += 1
+            if victim is seq:
+                return False
+        self.allocator.grow(seq.block_table, num_tokens)
+        return True

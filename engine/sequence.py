@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.config import SamplingParams
+from seam import SamplingParams
 
 
 @dataclass(eq=False)

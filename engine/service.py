@@ -9,8 +9,8 @@ import uuid
 from collections.abc import AsyncIterator
 
 from engine.admission import Admission
-from engine.config import SamplingParams
 from engine.engine import Emission, Engine
+from seam import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -5,14 +5,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
 
-from engine.config import EngineConfig
 from engine.placement import balancedness
-from engine.window import LatencySummary, Window
+from seam import EngineConfig, LatencySummary, Window
 
 MAX_SAMPLES = 50_000  # per window and distribution; an unread window keeps the latest ones
 
@@ -47,6 +46,28 @@ class _Accumulator:
     replacement_seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """What one engine step did. MoE figures (None for dense targets) count (token, expert) pairs: expert_tokens
+    [layers, experts], slot_tokens [layers, slots], rank_tokens [layers, ranks], dropped_per_layer [layers]."""
+    batch_size: int
+    queue_depth: int
+    step_seconds: float
+    target_seconds: float
+    draft_seconds: float
+    drafted_per_position: list[int]
+    accepted_per_position: list[int]
+    num_drafts: int
+    prefill_tokens: int
+    expert_tokens: torch.Tensor | None = None
+    slot_tokens: torch.Tensor | None = None
+    rank_tokens: torch.Tensor | None = None
+    dropped_per_layer: torch.Tensor | None = None
+    all_to_all_seconds: float = 0.0
+    balancedness: float | None = None                   # filled in by Telemetry, once per step, for the sinks
+    balancedness_per_layer: list[float | None] | None = None
+
+
 def _add_per_position(totals: list[int], counts: list[int]) -> None:
     totals.extend([0] * (len(counts) - len(totals)))
     for i, c in enumerate(counts):
@@ -58,7 +79,7 @@ class TelemetrySink(Protocol):
 
     def record_config(self, config: EngineConfig) -> None: ...
 
-    def record_step(self, **step) -> None: ...
+    def record_step(self, step: StepRecord) -> None: ...
 
     def record_tokens(self, *, count: int, ttft: float | None, gap: float | None) -> None: ...
 
@@ -77,38 +98,28 @@ class Telemetry:
         for sink in self._sinks:
             sink.record_config(config)
 
-    def record_step(self, *, batch_size: int, queue_depth: int, step_seconds: float, target_seconds: float,
-                    draft_seconds: float, drafted_per_position: list[int], accepted_per_position: list[int],
-                    num_drafts: int, prefill_tokens: int, expert_tokens: torch.Tensor | None,
-                    slot_tokens: torch.Tensor | None = None, rank_tokens: torch.Tensor | None = None,
-                    dropped_per_layer: torch.Tensor | None = None, all_to_all_seconds: float = 0.0) -> None:
-        """MoE figures (None for dense targets): expert_tokens [layers, experts], slot_tokens [layers, slots],
-        rank_tokens [layers, ranks], dropped_per_layer [layers], all counted in (token, expert) pairs."""
-        step_balancedness = _balancedness_of(rank_tokens) if self._sinks else {}
+    def record_step(self, step: StepRecord) -> None:
+        if self._sinks:
+            step = replace(step, **_balancedness_of(step.rank_tokens))
         for sink in self._sinks:
-            sink.record_step(batch_size=batch_size, queue_depth=queue_depth, step_seconds=step_seconds,
-                             target_seconds=target_seconds, draft_seconds=draft_seconds,
-                             drafted_per_position=drafted_per_position, accepted_per_position=accepted_per_position,
-                             num_drafts=num_drafts, prefill_tokens=prefill_tokens, expert_tokens=expert_tokens,
-                             slot_tokens=slot_tokens, rank_tokens=rank_tokens, dropped_per_layer=dropped_per_layer,
-                             all_to_all_seconds=all_to_all_seconds, **step_balancedness)
+            sink.record_step(step)
         with self._lock:
             acc = self._acc
             acc.steps += 1
-            acc.batch_sizes.append(batch_size)
-            acc.queue_depths.append(queue_depth)
-            acc.step_seconds += step_seconds
-            acc.target_forward_seconds += target_seconds
-            acc.draft_forward_seconds += draft_seconds
-            acc.num_drafts += num_drafts
-            acc.prefill_tokens += prefill_tokens
-            _add_per_position(acc.drafted_per_position, drafted_per_position)
-            _add_per_position(acc.accepted_per_position, accepted_per_position)
-            acc.all_to_all_seconds += all_to_all_seconds
-            acc.expert_tokens = _add(acc.expert_tokens, expert_tokens)
-            acc.slot_tokens = _add(acc.slot_tokens, slot_tokens)
-            acc.rank_tokens = _add(acc.rank_tokens, rank_tokens)
-            acc.dropped_per_layer = _add(acc.dropped_per_layer, dropped_per_layer)
+            acc.batch_sizes.append(step.batch_size)
+            acc.queue_depths.append(step.queue_depth)
+            acc.step_seconds += step.step_seconds
+            acc.target_forward_seconds += step.target_seconds
+            acc.draft_forward_seconds += step.draft_seconds
+            acc.num_drafts += step.num_drafts
+            acc.prefill_tokens += step.prefill_tokens
+            _add_per_position(acc.drafted_per_position, step.drafted_per_position)
+            _add_per_position(acc.accepted_per_position, step.accepted_per_position)
+            acc.all_to_all_seconds += step.all_to_all_seconds
+            acc.expert_tokens = _add(acc.expert_tokens, step.expert_tokens)
+            acc.slot_tokens = _add(acc.slot_tokens, step.slot_tokens)
+            acc.rank_tokens = _add(acc.rank_tokens, step.rank_tokens)
+            acc.dropped_per_layer = _add(acc.dropped_per_layer, step.dropped_per_layer)
 
     def record_replacement(self, seconds: float) -> None:
         """Serving stalled this long while expert weights moved to a new placement."""

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Protocol
 
-from engine.spec import ModelFolderError
+from engine.model_spec import ModelFolderError
 
 BYTE_BOS, BYTE_EOS, BYTE_VOCAB = 256, 257, 260
 _BYTE_CHAT_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}

@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
-from engine.config import EngineConfig, SamplingParams
+from engine.engine import Emission
+from engine.telemetry import StepRecord
+from seam import EngineConfig, SamplingParams
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Tracer
-
-    from engine.engine import Emission
 
 EXPORTER_GROUP = "opentelemetry_traces_exporter"
 OTLP_BY_PROTOCOL = {"http/protobuf": "otlp_proto_http", "grpc": "otlp_proto_grpc"}
@@ -116,20 +116,18 @@ class StepSpans:
     def record_config(self, config: EngineConfig) -> None:
         self._config_version = config.version
 
-    def record_step(self, *, batch_size: int, queue_depth: int, step_seconds: float, target_seconds: float,
-                    draft_seconds: float, drafted_per_position: list[int], accepted_per_position: list[int],
-                    num_drafts: int, prefill_tokens: int, **_moe: object) -> None:
+    def record_step(self, step: StepRecord) -> None:
         self._steps += 1
         if self._steps % self.every:
             return
         end = time.time_ns()
-        span = self.tracer.start_span("engine step", start_time=end - int(step_seconds * 1e9), attributes={
-            "governor.step.number": self._steps, "governor.step.batch_size": batch_size,
-            "governor.step.queue_depth": queue_depth, "governor.step.prefill_tokens": prefill_tokens,
-            "governor.step.num_drafts": num_drafts, "governor.step.draft_tokens": sum(drafted_per_position),
-            "governor.step.accepted_tokens": sum(accepted_per_position),
-            "governor.step.target_forward_seconds": target_seconds,
-            "governor.step.draft_forward_seconds": draft_seconds, "governor.config.version": self._config_version})
+        span = self.tracer.start_span("engine step", start_time=end - int(step.step_seconds * 1e9), attributes={
+            "governor.step.number": self._steps, "governor.step.batch_size": step.batch_size,
+            "governor.step.queue_depth": step.queue_depth, "governor.step.prefill_tokens": step.prefill_tokens,
+            "governor.step.num_drafts": step.num_drafts, "governor.step.draft_tokens": sum(step.drafted_per_position),
+            "governor.step.accepted_tokens": sum(step.accepted_per_position),
+            "governor.step.target_forward_seconds": step.target_seconds,
+            "governor.step.draft_forward_seconds": step.draft_seconds, "governor.config.version": self._config_version})
         span.end(end_time=end)
 
     def record_tokens(self, *, count: int, ttft: float | None, gap: float | None) -> None:

@@ -1,9 +1,9 @@
 """Kernels with plain-PyTorch references of the same signature; the engine calls them through here, which picks
 the Triton kernel where the tensors live on a CUDA device and triton imports, and the reference elsewhere."""
 from kernels import router, spec_verify
+from kernels.categorical import sample_categorical
 from kernels.dispatch import dispatched
 from kernels.router import Routing, expert_capacity
-from kernels.sampling import sample_categorical
 
 route_tokens = dispatched(router.route_tokens, "kernels.router_triton")
 verify_drafts = dispatched(spec_verify.verify_drafts, "kernels.spec_verify_triton")

@@ -7,7 +7,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from engine.config import MAX_DRAFT_LEN
+from seam import MAX_DRAFT_LEN
 
 AlertAction = Literal["rollback", "disable_speculation", "pin", "notify"]
 SHIPPED = Path(__file__).parent

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from engine.models import load_models
+from governor.loaders import load_models
 
 
 @pytest.fixture(scope="session")

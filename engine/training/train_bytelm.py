@@ -30,38 +30,20 @@ BYTE_TOKENIZER_MARKER = {"tokenizer": "bytes"}
 LossFn = Callable[[PreTrainedModel, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
 
 
+# what target and draft share: the byte vocabulary, the context, the rope and the special tokens
+SHARED_CONFIG = dict(vocab_size=VOCAB_SIZE, max_position_embeddings=SEQ_LEN, rope_parameters=ROPE,
+                     tie_word_embeddings=False, **SPECIAL_TOKENS)
+
+
 def target_config() -> MixtralConfig:
-    return MixtralConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=192,
-        intermediate_size=448,
-        num_hidden_layers=4,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        num_local_experts=8,
-        num_experts_per_tok=2,
-        output_router_logits=True,
-        router_aux_loss_coef=0.01,
-        max_position_embeddings=SEQ_LEN,
-        rope_parameters=ROPE,
-        tie_word_embeddings=False,
-        **SPECIAL_TOKENS,
-    )
+    return MixtralConfig(hidden_size=192, intermediate_size=448, num_hidden_layers=4, num_attention_heads=6,
+                         num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2, output_router_logits=True,
+                         router_aux_loss_coef=0.01, **SHARED_CONFIG)
 
 
 def draft_config() -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=160,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=5,
-        num_key_value_heads=1,
-        max_position_embeddings=SEQ_LEN,
-        rope_parameters=ROPE,
-        tie_word_embeddings=False,
-        **SPECIAL_TOKENS,
-    )
+    return LlamaConfig(hidden_size=160, intermediate_size=512, num_hidden_layers=2, num_attention_heads=5,
+                       num_key_value_heads=1, **SHARED_CONFIG)
 
 
 def seed_everything(seed: int) -> None:

@@ -1,8 +1,8 @@
 import pytest
 
 from controller import Controller, InProcessClient, Store
-from engine.config import EngineConfig
 from policies import parse_policy
+from seam import EngineConfig
 from tests.engine.helpers import code_prompts, make_engine
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.cli import ControlPlane
+from controller.plane import ControlPlane
 from engine.api import create_app
 from engine.local_server import serving_in_thread
 from engine.service import EngineService

@@ -1,15 +1,16 @@
 """The controller's admin API on a real loopback server: open reads, token-guarded writes, pin/release/rollback,
 policy switch, and one route per path and method in the served app."""
 import time
+
 import httpx
 import pytest
 import yaml
 
 from controller.clients import InProcessClient
-from controller.cli import build_control_plane
+from controller.plane import build_control_plane
 from controller.store import AlertRecord, ConfigVersion, Decision
-from engine.config import EngineConfig
 from engine.service import EngineService
+from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 from tests.controller.server import AUTH, TOKEN, serving
 from tests.engine.helpers import make_engine

@@ -7,10 +7,10 @@ import httpx
 import pytest
 
 from controller.clients import InProcessClient
-from controller.cli import build_control_plane
+from controller.plane import build_control_plane
 from controller.store import AlertRecord, Decision, Rollback
-from engine.config import EngineConfig
 from engine.service import EngineService
+from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 from tests.controller.server import AUTH, TOKEN, serving
 from tests.controller.traffic import ClosedLoopTraffic

@@ -4,9 +4,9 @@ import time
 import httpx
 
 from controller.clients import HttpClient, InProcessClient
-from controller.windows import merge_windows
-from engine.config import EngineConfig
+from controller.window_stats import merge_windows
 from engine.service import EngineService
+from seam import EngineConfig
 from tests.controller.server import TOKEN, serving
 from tests.controller.traffic import ClosedLoopTraffic, HttpTraffic
 from tests.engine.helpers import make_engine

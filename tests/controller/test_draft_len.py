@@ -2,8 +2,8 @@
 import time
 
 from controller.store import Decision
-from controller.windows import tokens_per_busy_second
-from engine.config import EngineConfig
+from controller.window_stats import tokens_per_busy_second
+from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 from tests.controller.traffic import ClosedLoopTraffic
 

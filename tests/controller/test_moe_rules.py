@@ -1,9 +1,8 @@
 """The capacity-factor and placement rules, on the engine's own Window and EngineConfig."""
-from engine.config import EngineConfig
+from controller.rule_policy import RulePolicy
 from engine.placement import Topology, check_placement
-from engine.window import LatencySummary, Window
-from controller.rules import RulePolicy
 from policies import parse_policy
+from seam import EngineConfig, LatencySummary, Window
 
 EMPTY = LatencySummary.of([])
 

@@ -1,7 +1,7 @@
 """Policy files: shipped ones pass `governor policy check`; bad ones name the file, the field and what is allowed."""
 import pytest
 
-from engine.cli import main
+from governor.cli import main
 from policies import PolicyError, load_policy, shipped_policies
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from controller.alerts import BUILTIN_ALERT, AlertIntake
 from controller.store import AlertRecord, Decision, Rollback
-from engine.config import EngineConfig
+from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 from tests.controller.traffic import ClosedLoopTraffic
 

@@ -4,7 +4,7 @@ import datetime as dt
 
 from controller.retention import RetentionSweeper
 from controller.store import ConfigVersion, Decision, Pin, Rollback, Trial
-from engine.config import EngineConfig
+from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 
 

@@ -1,6 +1,6 @@
 """The store on a real SQLite file: versions with diffs, the last known good across reopenings, alert dedupe."""
 from controller.store import AlertRecord, ConfigVersion, Decision, Pin, Store
-from engine.config import EngineConfig
+from seam import EngineConfig
 
 
 def test_config_versions_record_their_diff_and_number(tmp_path):

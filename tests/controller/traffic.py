@@ -6,8 +6,8 @@ import threading
 
 import httpx
 
-from engine.config import SamplingParams
 from engine.engine import Engine
+from seam import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
 

@@ -6,12 +6,12 @@ import json
 import httpx
 
 from dashboards.broadcast import Broadcast
-from dashboards.web import create_dashboard_router
+from dashboards.operator_page import create_dashboard_router
 from engine.api import create_app
-from engine.config import EngineConfig
 from engine.live import LiveTelemetry
 from engine.local_server import serving_in_thread
 from engine.service import EngineService
+from seam import EngineConfig
 from tests.engine.helpers import make_engine
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.metrics import PrometheusCounters
+from controller.counters import PrometheusCounters
 from engine.metrics import EngineMetrics
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"

@@ -30,8 +30,9 @@ def served(tmp_path_factory):
     policy = folder / "policy.yaml"
     policy.write_text(yaml.safe_dump(QUIET_POLICY))
     port = free_port()
-    server = Server("governor-web", [sys.executable, "-m", "engine.cli", "serve", "--demo-traffic", "--port", str(port),
-                                     "--policy", str(policy), "--db", f"sqlite:///{folder / 'governor.db'}"], folder,
+    server = Server("governor-web", [sys.executable, "-m", "governor.cli", "serve", "--demo-traffic",
+                                     "--port", str(port), "--policy", str(policy),
+                                     "--db", f"sqlite:///{folder / 'governor.db'}"], folder,
                     env={**os.environ, "GOVERNOR_ADMIN_TOKEN": TOKEN, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"
     try:

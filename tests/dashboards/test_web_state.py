@@ -9,11 +9,11 @@ import uvicorn
 from fastapi import FastAPI
 
 from controller import Controller, InProcessClient, Store
-from dashboards.web import create_dashboard_router, dashboard_state
-from engine.config import EngineConfig
+from dashboards.operator_page import create_dashboard_router, dashboard_state
 from engine.live import LiveTelemetry
 from engine.local_server import free_port
 from policies import parse_policy
+from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 from tests.engine.helpers import make_engine
 

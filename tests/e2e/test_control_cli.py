@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from controller.store import Decision, Store, Trial
-from engine.config import EngineConfig
 from engine.service import EngineService
+from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 from tests.controller.server import AUTH, ROOT, TOKEN, serving
 from tests.controller.traffic import HttpTraffic
@@ -25,7 +25,7 @@ DECISION = re.compile(r"^decision (\d+) (\w+): ")
 
 def _control(url: str, policy: Path, db: str) -> subprocess.Popen:
     env = {**os.environ, "GOVERNOR_ADMIN_TOKEN": TOKEN, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "engine.cli", "control", "--engine", url, "--policy", str(policy),
+    return subprocess.Popen([sys.executable, "-m", "governor.cli", "control", "--engine", url, "--policy", str(policy),
                              "--db", db], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
 
@@ -95,7 +95,7 @@ def _trial(store: Store, trial_id: int) -> dict:
     (["--policy", "no-such-policy.yaml"], "governor control: --policy: no-such-policy.yaml: (file): "),
 ])
 def test_control_refuses_bad_flags_with_exit_2(flags, message, tmp_path, capsys):
-    from engine.cli import main
+    from governor.cli import main
     base = ["control", "--engine", "http://127.0.0.1:1", "--db", f"sqlite:///{tmp_path / 'g.db'}"]
     assert main(base + flags) == 2
     assert message in capsys.readouterr().err

@@ -9,17 +9,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.cli import build_control_plane
+from controller.plane import build_control_plane
 from controller.clients import InProcessClient
 from controller.store import ConfigVersion, Decision
-from dashboards.web import create_dashboard_router
+from dashboards.operator_page import create_dashboard_router
 from engine.api import create_app
-from engine.config import EngineConfig
-from engine.engine import Engine, EngineLimits
+from engine.engine import Engine
+from engine.limits import EngineLimits
 from engine.live import LiveTelemetry
 from engine.local_server import serving_in_thread
 from engine.metrics import EngineMetrics
 from engine.service import EngineService
+from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 
 TOKEN = "fuzz-token"

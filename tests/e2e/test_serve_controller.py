@@ -18,7 +18,7 @@ ENV = {**os.environ, "GOVERNOR_ADMIN_TOKEN": TOKEN, "PYTHONPATH": str(ROOT), "OM
 
 
 def _serve(*flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", *flags], env=ENV, cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "governor.cli", "serve", *flags], env=ENV, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

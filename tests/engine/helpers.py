@@ -1,6 +1,7 @@
 """Drive an Engine to completion in tests."""
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import Engine, EngineLimits
+from engine.engine import Engine
+from engine.limits import EngineLimits
+from seam import EngineConfig, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 

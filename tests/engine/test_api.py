@@ -1,43 +1,23 @@
 """The OpenAI-compatible HTTP API on a real loopback server, driven by the openai client and raw HTTP."""
-import socket
-import threading
-import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from engine.api import create_app
-from engine.config import EngineConfig
-from engine.models import build_engine
+from engine.factory import build_engine
+from engine.local_server import serving_in_thread
 from engine.service import EngineService
+from seam import EngineConfig
 
 TOKEN = "test-admin-token"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server(moe_models):
     service = EngineService(build_engine(moe_models, EngineConfig(draft_len=3)))
-    service.start()
-    port = _free_port()
-    uv = uvicorn.Server(uvicorn.Config(create_app(service, "governor-moe", TOKEN), host="127.0.0.1", port=port,
-                                       log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", service
-    uv.should_exit = True
-    thread.join(timeout=10)
-    service.stop()
+    with serving_in_thread(create_app(service, "governor-moe", TOKEN), service) as url:
+        yield url, service
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Continuous batching: batched equals unbatched; configs change between steps without losing requests."""
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import EngineLimits
+from engine.limits import EngineLimits
+from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import GREEDY, code_prompts, generate, make_engine
 
 SEEDED = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=1234, ignore_eos=True)

@@ -5,11 +5,11 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from engine.api import create_app
-from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.local_server import serving_in_thread
 from engine.service import EngineService
 from engine.tokenizer import HFTokenizer
+from seam import EngineConfig
 
 TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"
             "{{ raise_exception('a system message may only come first') }}{% endif %}{{ m['content'] }}{% endfor %}")

@@ -1,12 +1,12 @@
 """The engine's greedy verification (argmax walk) agrees with verify_drafts on one-hot distributions."""
 import torch
 
-from engine.config import SamplingParams
 from engine.engine import Engine
 from engine.sampling import probs_from_logits
 from engine.scheduler import Scheduled
 from engine.sequence import Sequence
 from kernels import verify_drafts
+from seam import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 

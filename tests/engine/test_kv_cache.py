@@ -1,8 +1,8 @@
 """The paged KV cache: block allocation, rollback of rejected drafts without copying, blocks back in the pool."""
 import pytest
 
-from engine.config import EngineConfig, SamplingParams
 from engine.kv_cache import BlockAllocator, OutOfBlocks
+from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import GREEDY, code_prompts, make_engine
 
 

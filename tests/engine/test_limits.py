@@ -9,8 +9,9 @@ import pytest
 
 from engine.admission import Admission, AdmissionLimits, Overloaded
 from engine.api import create_app
-from engine.config import EngineConfig
-from engine.engine import Engine, EngineLimits
+from seam import EngineConfig
+from engine.engine import Engine
+from engine.limits import EngineLimits
 from engine.local_server import serving_in_thread
 from engine.metrics import EngineMetrics
 from engine.service import EngineService

@@ -5,9 +5,11 @@ import time
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import Engine, EngineLimits
+from engine.engine import Engine
+from engine.limits import EngineLimits
 from engine.live import HISTORY_SECONDS, SPAN_SECONDS, LiveTelemetry
+from engine.telemetry import StepRecord
+from seam import EngineConfig
 from tests.engine.helpers import code_prompts, generate
 
 
@@ -23,7 +25,7 @@ def _step(live: LiveTelemetry, **overrides) -> None:
     step = {"batch_size": 2, "queue_depth": 1, "step_seconds": 0.1, "target_seconds": 0.08, "draft_seconds": 0.02,
             "drafted_per_position": [2, 2], "accepted_per_position": [2, 1], "num_drafts": 2, "prefill_tokens": 0,
             "expert_tokens": None, "rank_tokens": None, "all_to_all_seconds": 0.0}
-    live.record_step(**{**step, **overrides})
+    live.record_step(StepRecord(**{**step, **overrides}))
 
 
 def test_seconds_are_bucketed_and_completed_seconds_reported():

@@ -13,10 +13,10 @@ from fastapi import Body, FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.loadgen import arrivals
-from engine.loadgen.cli import add_load_arguments, phases_from_args, run_load
 from engine.loadgen.phases import DEMO_FILE, Phase, PhaseFileError, load_phases
 from engine.loadgen.prompts import prompt_set
 from engine.loadgen.runner import LoadError, run_forever, run_phases
+from governor.load_cli import add_load_arguments, phases_from_args, run_load
 
 CHUNK_DELAY_S = 0.05
 TOKENS_PER_CHUNK = 2

@@ -1,9 +1,11 @@
 """EngineMetrics sees exactly the events the Window is built from, and keeps counting across snapshots."""
 import pytest
 
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import Engine, EngineLimits
+from engine.engine import Engine
+from engine.limits import EngineLimits
 from engine.metrics import EngineMetrics
+from engine.telemetry import StepRecord
+from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, generate
 
 MODEL = "governor-moe"
@@ -121,14 +123,13 @@ def test_moe_quantities_are_counted_when_given_and_absent_otherwise():
     metrics = EngineMetrics(MODEL)
     step = dict(batch_size=2, queue_depth=0, step_seconds=0.5, target_seconds=0.3, draft_seconds=0.1,
                 drafted_per_position=[], accepted_per_position=[], num_drafts=0, prefill_tokens=0)
-    metrics.record_step(**step)
+    metrics.record_step(StepRecord(**step))
     assert "\ngovernor_moe_slot_tokens_total{" not in metrics.exposition().decode()
     assert metrics.registry.get_sample_value("governor_moe_balancedness_ratio", {"model": MODEL}) is None
-    metrics.record_step(**step, slot_tokens=[[4, 0, 2]], dropped_per_layer=[3], rank_tokens=[[4, 2]],
-                        balancedness=0.75, balancedness_per_layer=[0.75], all_to_all_seconds=0.2, comm_share=0.4,
-                        capacity_factor=1.25)
-    metrics.record_step(**step, slot_tokens=[[1, 1, 1]], dropped_per_layer=[1], rank_tokens=[[2, 1]],
-                        balancedness=0.6, balancedness_per_layer=[0.6], all_to_all_seconds=0.1)
+    metrics.record_step(StepRecord(**step, slot_tokens=[[4, 0, 2]], dropped_per_layer=[3], rank_tokens=[[4, 2]],
+                                   balancedness=0.75, balancedness_per_layer=[0.75], all_to_all_seconds=0.2))
+    metrics.record_step(StepRecord(**step, slot_tokens=[[1, 1, 1]], dropped_per_layer=[1], rank_tokens=[[2, 1]],
+                                   balancedness=0.6, balancedness_per_layer=[0.6], all_to_all_seconds=0.1))
     assert _value(metrics, "governor_moe_slot_tokens_total", layer="0", slot="0") == 5
     assert _value(metrics, "governor_moe_slot_tokens_total", layer="0", slot="1") == 1
     assert _value(metrics, "governor_moe_dropped_tokens_total", layer="0") == 4

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from engine.config import EngineConfig, SamplingParams
 from engine.moe import LOCAL, ExpertSlots, expert_ffn, moe_forward
 from kernels.router import route_tokens
+from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, generate, make_engine
 
 

@@ -3,9 +3,10 @@ import pytest
 import torch
 
 from engine.batch import SequenceChunk, build_forward_batch
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import Engine, EngineLimits
+from engine.engine import Engine
 from engine.ep import ExpertParallel
+from engine.limits import EngineLimits
+from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, generate
 
 LIMITS = EngineLimits(kv_cache_tokens=2048)
@@ -37,7 +38,7 @@ def prefill_logits(engine: Engine, prompts: list[list[int]]) -> torch.Tensor:
 @pytest.fixture(scope="module", params=[(2, 2), (4, 0)], ids=["2-ranks-2-spare-slots", "4-ranks"])
 def ep_engine(request, moe_models):
     ranks, spares = request.param
-    ep = ExpertParallel("governor-moe", ranks, moe_models.target, LIMITS, redundant_experts=spares)
+    ep = ExpertParallel(moe_models.target_loader, ranks, moe_models.target, LIMITS, redundant_experts=spares)
     engine = Engine(moe_models.target, moe_models.tokenizer, moe_models.draft, SPECULATIVE, LIMITS, ep=ep)
     yield engine
     engine.close()

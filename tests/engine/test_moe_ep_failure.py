@@ -8,10 +8,11 @@ import signal
 import pytest
 import torch
 
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import EngineLimits
 from engine.ep import ExpertParallelError
-from engine.models import build_engine, load_models
+from engine.factory import build_engine
+from engine.limits import EngineLimits
+from governor.loaders import load_models
+from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts
 
 LIMITS = EngineLimits(kv_cache_tokens=1024)

@@ -4,9 +4,10 @@ import re
 import httpx
 import pytest
 
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import Engine, EngineLimits, RequestError
+from engine.engine import Engine, RequestError
 from engine.experts import expert_topology
+from engine.limits import EngineLimits
+from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, generate
 from tests.engine.test_api import TOKEN, server  # noqa: F401  (the loopback server fixture)
 

@@ -6,13 +6,13 @@ import sys
 
 import httpx
 
-from tests.engine.test_serve import _free_port, _wait_for
+from tests.governor.test_serve import _free_port, _wait_for
 
 
 def test_serve_with_two_ranks_measures_the_communication_share():
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--port", str(port), "--ep", "2",
+    server = subprocess.Popen([sys.executable, "-m", "governor.cli", "serve", "--port", str(port), "--ep", "2",
                                "--no-controller"],
                               env={**os.environ, "GOVERNOR_ADMIN_TOKEN": "t"}, stderr=subprocess.PIPE, text=True)
     try:
@@ -42,6 +42,6 @@ def _alive(pid: int) -> bool:
 
 
 def test_serve_refuses_expert_parallelism_on_a_dense_model():
-    result = subprocess.run([sys.executable, "-m", "engine.cli", "serve", "--model", "engine/assets/governor-draft",
+    result = subprocess.run([sys.executable, "-m", "governor.cli", "serve", "--model", "engine/assets/governor-draft",
                              "--ep", "2"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--ep" in result.stderr and "dense" in result.stderr

@@ -1,9 +1,10 @@
 """The MoE figures of the Window, under the names the /metrics and controller engineers use."""
 import pytest
 
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import Engine, EngineLimits
-from engine.models import load_models
+from engine.engine import Engine
+from engine.limits import EngineLimits
+from governor.loaders import load_models
+from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, generate
 
 PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

@@ -4,9 +4,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine.batch import SequenceChunk, build_forward_batch
+from engine.hf_folder import load_transformer
 from engine.kv_cache import KVCache
-from engine.loading import load_transformer
-from engine.models import default_cache_dir, model_folder
+from governor.loaders import default_cache_dir, model_folder
 
 TOLERANCE = 1e-4
 

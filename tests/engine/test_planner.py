@@ -2,7 +2,6 @@
 import numpy as np
 import pytest
 
-from engine.bench.eplb import eplb_placement
 from engine.placement import (
     PlacementError,
     Topology,
@@ -12,6 +11,7 @@ from engine.placement import (
     slot_tokens,
 )
 from engine.planner import plan_placement
+from governor.bench.eplb import eplb_placement
 
 
 def zipf_heat(layers: int, experts: int, skew: float, seed: int = 0) -> np.ndarray:

@@ -7,10 +7,10 @@ import torch
 from scipy.stats import chisquare
 
 from engine.batch import SequenceChunk, build_forward_batch
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import EngineLimits
 from engine.kv_cache import KVCache
+from engine.limits import EngineLimits
 from engine.sampling import probs_from_logits
+from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import make_engine
 
 SAMPLES = 3000

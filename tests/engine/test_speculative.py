@@ -1,7 +1,7 @@
 """Speculative decoding is lossless: greedy output equals plain decoding token for token."""
 import pytest
 
-from engine.config import EngineConfig
+from seam import EngineConfig
 from tests.engine.helpers import code_prompts, generate, make_engine
 
 PROMPTS = 50

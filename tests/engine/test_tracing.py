@@ -3,12 +3,10 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-import uvicorn
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -16,11 +14,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from engine.api import create_app
-from engine.config import EngineConfig
-from engine.engine import Engine, EngineLimits
-from engine.models import build_engine
+from engine.engine import Engine
+from engine.factory import build_engine
+from engine.limits import EngineLimits
+from engine.local_server import serving_in_thread
 from engine.service import EngineService
 from engine.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
+from seam import EngineConfig
 from tests.engine.helpers import code_prompts, generate
 
 MODEL = "governor-moe"
@@ -50,20 +50,8 @@ def tracer(exporter):
 @pytest.fixture
 def server(moe_models, tracer):
     service = EngineService(build_engine(moe_models, EngineConfig(draft_len=3)))
-    service.start()
-    uv = uvicorn.Server(uvicorn.Config(create_app(service, MODEL, "token", tracer=tracer), host="127.0.0.1", port=0,
-                                       log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert uv.started, "uvicorn did not start"
-    port = uv.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    uv.should_exit = True
-    thread.join(timeout=10)
-    service.stop()
+    with serving_in_thread(create_app(service, MODEL, "token", tracer=tracer), service) as url:
+        yield url
 
 
 def test_a_completion_is_one_span_with_the_genai_attributes(server, exporter):
@@ -119,7 +107,7 @@ def test_every_nth_engine_step_is_a_span_timed_as_the_step(moe_models, tracer, e
 
 def test_tracing_is_off_by_default_and_loads_no_opentelemetry_sdk():
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    script = ("import sys, engine.api, engine.cli\n"
+    script = ("import sys, engine.api, governor.cli\n"
               "from engine.tracing import tracer_provider_from_env\n"
               "assert tracer_provider_from_env() is None\n"
               "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))))")
@@ -150,7 +138,7 @@ def test_an_unusable_exporter_setting_is_refused_naming_it(clean_otel_env, varia
 
 def test_serve_refuses_an_unknown_exporter_before_loading_the_model():
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}, "OTEL_TRACES_EXPORTER": "jaeger"}
-    result = subprocess.run([sys.executable, "-m", "engine.cli", "serve", "--port", "1"], env=env,
+    result = subprocess.run([sys.executable, "-m", "governor.cli", "serve", "--port", "1"], env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "OTEL_TRACES_EXPORTER" in result.stderr and "'jaeger'" in result.stderr

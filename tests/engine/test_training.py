@@ -5,7 +5,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.loading import load_transformer
+from engine.hf_folder import load_transformer
 from engine.tokenizer import ByteTokenizer, load_tokenizer
 
 

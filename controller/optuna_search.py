@@ -1,0 +1,74 @@
+"""The Optuna policy: ask/tell, one trial = one config held for one window. Objective: tokens per busy second;
+constraint: the latency SLO (a trial that breaks it is cut short by the loop and told PRUNED). Trials live in RDB
+storage on the controller's own database, so a search resumes after a restart and optuna-dashboard can read it."""
+from __future__ import annotations
+
+import optuna
+from optuna.trial import TrialState
+
+from controller.strategy import Proposal
+from controller.window_stats import tokens_per_busy_second
+from policies import Policy
+from seam import EngineConfig, Window
+
+
+class OptunaSearch:
+    """A Strategy: each proposal is an Optuna trial, told its window's tokens per busy second."""
+    name = "optuna"
+
+    def __init__(self, policy: Policy, storage_url: str):
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.policy = policy
+        settings = policy.optuna
+        sampler = {"tpe": lambda: optuna.samplers.TPESampler(seed=settings.seed),
+                   "gp": lambda: optuna.samplers.GPSampler(seed=settings.seed),
+                   "random": lambda: optuna.samplers.RandomSampler(seed=settings.seed)}[settings.sampler]()
+        self.study = optuna.create_study(storage=storage_url, study_name=settings.study_name, direction="maximize",
+                                         sampler=sampler, load_if_exists=True)
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            self.study.tell(trial.number, state=TrialState.FAIL)   # its process ended mid-window
+        self.spec_method = "draft_model"
+
+    @property
+    def finished_trials(self) -> int:
+        return len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+    def observe(self, window: Window) -> None:
+        pass
+
+    def propose(self, current: EngineConfig, baseline: Window, window_index: int) -> Proposal | None:
+        if current.spec_method != "off":
+            self.spec_method = current.spec_method
+        if self.finished_trials >= self.policy.optuna.budget_trials:
+            return None
+        trial = self.study.ask()
+        space = self.policy.optuna.search_space
+        k = trial.suggest_int("draft_len", space.draft_len.low, space.draft_len.high)
+        update = {"draft_len": k, "spec_method": self.spec_method if k > 0 else "off"}
+        if space.capacity_factor is not None:
+            update["capacity_factor"] = trial.suggest_float("capacity_factor", space.capacity_factor.low,
+                                                            space.capacity_factor.high)
+        return Proposal(current.changed(**update), "optuna",
+                        f"optuna trial {trial.number}: {', '.join(f'{k}={v}' for k, v in trial.params.items())}",
+                        keep_gain=self.policy.trial.keep_gain, inputs={"optuna_trial": trial.number,
+                                                                       "params": trial.params},
+                        optuna_trial=trial)
+
+    def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int) -> None:
+        trial = proposal.optuna_trial
+        if window is not None and outcome in ("kept", "reverted", "cut_short"):
+            trial.set_constraint("slo_excess_seconds", self._slo_excess(window))   # > 0: the SLO was broken
+            trial.set_user_attr("outcome", outcome)
+        if outcome in ("kept", "reverted"):
+            self.study.tell(trial, tokens_per_busy_second(window))
+        elif outcome == "cut_short":
+            self.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
+
+    def _slo_excess(self, window: Window) -> float:
+        slo = self.policy.slo
+        excess = [summary.p99 - bound for summary, bound in ((window.inter_token_seconds, slo.inter_token_p99_seconds),
+                                                            (window.ttft_seconds, slo.ttft_p99_seconds))
+                  if bound is not None and summary.count]
+        return max(excess, default=0.0)

@@ -1,0 +1,33 @@
+"""What the loop asks of a policy: a Strategy observes windows, proposes one change at a time as a Proposal, and
+hears how each trial ended. The rule policy (rule_policy.py) and the Optuna search (optuna_search.py) are the two."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from seam import EngineConfig, Window
+
+
+@dataclass(frozen=True)
+class Proposal:
+    config: EngineConfig        # unversioned; the loop records it as a new version
+    kind: str                   # draft_len | fallback_probe | speculation_probe | capacity_factor | placement | optuna
+    reason: str
+    keep_gain: float            # keep the trial if its tokens per busy second / the baseline's >= this
+    predicted_gain: float | None = None
+    inputs: dict = field(default_factory=dict)
+    optuna_trial: object | None = None
+
+
+class Strategy(Protocol):
+    name: str
+
+    def observe(self, window: Window) -> None:
+        """Every window the loop judged worth reading, trial or not."""
+
+    def propose(self, current: EngineConfig, baseline: Window, window_index: int) -> Proposal | None:
+        """The next change to try from `current`, judged against `baseline`; None: nothing worth trying now."""
+
+    def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int) -> None:
+        """How a proposal's trial ended (kept, reverted, cut_short, inconclusive, rolled_back, failed); window: what
+        it measured (None when it ended without one)."""

@@ -1,0 +1,136 @@
+"""`governor serve`: engine, controller, API and dashboard in one process group, wired from Settings."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import threading
+
+import uvicorn
+from pydantic import ValidationError
+
+from controller.clients import InProcessClient
+from controller.counters import PrometheusCounters
+from controller.plane import build_control_plane, print_decision
+from controller.store import StoreError
+from dashboards.operator_page import create_dashboard_router
+from engine.admission import Admission, AdmissionLimits
+from engine.api import create_app
+from engine.ep import ExpertParallelError
+from engine.factory import build_engine
+from engine.live import LiveTelemetry
+from engine.loadgen import load_phases, run_forever
+from engine.metrics import EngineMetrics
+from engine.model_spec import ModelFolderError
+from engine.service import EngineService
+from engine.serving_metrics import ServingLimitsCollector
+from engine.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
+from governor.control_cli import policy_or_none
+from governor.loaders import load_models
+from governor.settings import Settings
+
+
+DEFAULTS = {name: field.default for name, field in Settings.model_fields.items()}
+
+
+def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
+    """Flags default to None so that only the ones given override Settings (environment, then defaults)."""
+    serve.add_argument("--host", help=f"bind address (default {DEFAULTS['host']})")
+    serve.add_argument("--port", type=int, help=f"port (default {DEFAULTS['port']})")
+    serve.add_argument("--model", help=f"shipped model name, model folder or .gguf file (default {DEFAULTS['model']})")
+    serve.add_argument("--draft", help="draft model name or path, self:N, or none (default: the model's own)")
+    serve.add_argument("--ep", type=int, help="expert-parallel ranks: processes that share the MoE experts "
+                       f"over torch.distributed (default {DEFAULTS['ep']}: one process)")
+    serve.add_argument("--redundant-experts", type=int,
+                       help="spare expert slots for replicas, over all ranks "
+                            f"(default {DEFAULTS['redundant_experts']})")
+    serve.add_argument("--demo-traffic", action="store_true", default=None,
+                       help="send the built-in demo load to this server, so the dashboard shows live data")
+    serve.add_argument("--policy",
+                       help=f"controller policy YAML file or shipped policy name (default: {DEFAULTS['policy']})")
+    serve.add_argument("--db", help=f"SQLAlchemy URL of the controller's store (default {DEFAULTS['db']})")
+    serve.add_argument("--no-controller", dest="controller", action="store_false", default=None,
+                       help="serve the engine alone, for a `governor control` elsewhere")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as error:
+        first = error.errors()[0]
+        print(f"governor serve: --{str(first['loc'][0]).replace('_', '-')}: {first['msg']}", file=sys.stderr)
+        return 2
+    try:
+        tracing = tracer_provider_from_env()
+    except TracingConfigError as error:
+        print(f"governor serve: {error}", file=sys.stderr)
+        return 2
+    policy = policy_or_none(settings.policy, "governor serve: --policy") if settings.controller else None
+    if settings.controller and policy is None:
+        return 2
+    print(f"governor: loading {settings.model} ...", file=sys.stderr, flush=True)
+    try:
+        models = load_models(settings.model, settings.draft)
+    except (ModelFolderError, ModuleNotFoundError) as error:
+        print(f"governor serve: {error}", file=sys.stderr)
+        return 2
+    metrics, live = EngineMetrics(models.name), LiveTelemetry()
+    tracer = tracing.get_tracer("governor") if tracing is not None else None
+    try:
+        engine = build_engine(models, limits=settings.limits(), ep=settings.ep,
+                              redundant_experts=settings.redundant_experts,
+                              sinks=[metrics, live, *([StepSpans(tracer)] if tracer else [])])
+    except (ValueError, ExpertParallelError) as error:
+        print(f"governor serve: {error}", file=sys.stderr)
+        return 2
+    metrics.watch_load(lambda: len(engine.scheduler.running), lambda: len(engine.scheduler.waiting))
+    service = EngineService(engine, admission=Admission(AdmissionLimits(
+        settings.max_waiting_requests, settings.max_waiting_tokens, settings.retry_after_seconds)))
+    metrics.registry.register(ServingLimitsCollector(models.name, service.admission, engine.allocator, {
+        "max_body_bytes": settings.max_body_bytes, "max_prompt_chars": settings.max_prompt_chars,
+        "max_sse_clients": settings.max_sse_clients, "max_num_seqs": settings.max_num_seqs}))
+    plane = None
+    if policy is not None:
+        try:
+            plane = build_control_plane(InProcessClient(engine), policy, settings.db, settings.admin_token,
+                                        policy_name=settings.policy, on_decision=print_decision,
+                                        metrics=PrometheusCounters(metrics.registry, models.name),
+                                        retention_days=settings.retention_days)
+        except StoreError as error:
+            engine.close()
+            print(f"governor serve: --db: {error}", file=sys.stderr)
+            return 2
+    app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens, metrics, tracer,
+                     admin_router=plane.router if plane else None, max_body_bytes=settings.max_body_bytes,
+                     max_prompt_chars=settings.max_prompt_chars)
+    app.include_router(create_dashboard_router(live, lambda: engine.config, plane.controller if plane else None,
+                                               max_clients=settings.max_sse_clients,
+                                               on_refuse=lambda: service.admission.refusals.count("sse_clients")))
+    stop_demo = threading.Event()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        service.start()
+        if plane:
+            plane.start()
+        if settings.demo_traffic:
+            _start_demo_traffic(f"http://{settings.host}:{settings.port}", stop_demo)
+        yield
+        stop_demo.set()
+        if plane:
+            plane.stop()
+        service.stop()
+        engine.close()
+        if tracing is not None:
+            tracing.shutdown()
+
+    app.router.lifespan_context = lifespan
+    # an open dashboard holds an endless event stream: cut it after a short grace instead of waiting for the tab
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=3)
+    return 0
+
+
+def _start_demo_traffic(url: str, stop: threading.Event) -> None:
+    threading.Thread(target=run_forever, args=(url, load_phases(), stop),
+                     name="governor-demo-traffic", daemon=True).start()
