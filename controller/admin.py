@@ -7,10 +7,11 @@ from asyncio import to_thread
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from controller.alerts import AlertIntake, AlertmanagerPayload
-from controller.clients import EngineClientError
+from controller.clients import ApplyFailed, EngineClientError
 from controller.loop import Controller
 from engine.api_common import APIError, bearer_guard, invalid_body
 from engine.openapi import ERRORS, error, json_body
@@ -20,6 +21,9 @@ from seam import EngineConfig
 MAX_PAGE = 1000         # rows one read returns at most
 Page = Annotated[int, Query(ge=1, le=MAX_PAGE, description="rows, newest first")]
 CONFLICT = {409: error("the state does not allow it now (see the message)")}
+APPLY_FAILED = {503: error("the engine failed to apply the config (error.code apply_failed)")}
+ALERT_FAILED = {503: {"description": "an alert's action failed (listed in `failed`): Alertmanager delivers again",
+                      "content": {"application/json": {}}}}
 
 
 class PolicySwitch(BaseModel):
@@ -61,27 +65,36 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
     async def state():
         return await to_thread(controller.state)
 
-    @router.put("/admin/config", dependencies=admin, openapi_extra=json_body(EngineConfig), responses=ERRORS)
+    @router.put("/admin/config", dependencies=admin, openapi_extra=json_body(EngineConfig),
+                responses={**ERRORS, **APPLY_FAILED})
     async def pin_config(request: Request):
         try:
             config = EngineConfig.model_validate_json(await request.body(), strict=True)
             decision = await to_thread(controller.pin, config, "operator", "operator override via PUT /admin/config")
         except ValidationError as error:
             raise invalid_body(error) from error
+        except ApplyFailed as error:
+            raise APIError(503, str(error), kind="server_error", code="apply_failed") from error
         except EngineClientError as error:
             raise APIError(400, str(error), "body") from error
         return {"config": controller.current.model_dump(), "pinned": True, "decision": decision}
 
-    @router.post("/admin/release", dependencies=admin, responses=CONFLICT)
+    @router.post("/admin/release", dependencies=admin, responses={**CONFLICT, **APPLY_FAILED})
     async def release():
-        decision = await to_thread(controller.release, "operator released the pin via POST /admin/release")
+        try:
+            decision = await to_thread(controller.release, "operator released the pin via POST /admin/release")
+        except ApplyFailed as error:
+            raise APIError(503, str(error), kind="server_error", code="apply_failed") from error
         if decision is None:
             raise APIError(409, "no config is pinned", kind="conflict_error")
         return {"config": controller.current.model_dump(), "pinned": False, "decision": decision}
 
-    @router.post("/admin/rollback", dependencies=admin)
+    @router.post("/admin/rollback", dependencies=admin, responses=APPLY_FAILED)
     async def rollback():
-        decision = await to_thread(controller.rollback, "operator rollback via POST /admin/rollback")
+        try:
+            decision = await to_thread(controller.rollback, "operator rollback via POST /admin/rollback", lift_pin=True)
+        except ApplyFailed as error:
+            raise APIError(503, str(error), kind="server_error", code="apply_failed") from error
         return {"config": controller.current.model_dump(), "decision": decision}
 
     @router.get("/admin/decisions")
@@ -139,8 +152,12 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
         return switched(await to_thread(controller.stop_search, load_policy("default"), "default"),
                         "no Optuna search is running")
 
-    @router.post("/alerts", dependencies=admin, responses=ERRORS)
+    @router.post("/alerts", dependencies=admin, responses={**ERRORS, **ALERT_FAILED})
     async def receive_alerts(payload: AlertmanagerPayload):
-        return await to_thread(intake.receive, payload)
+        """5xx while any alert's action failed, so that Alertmanager delivers the notification again."""
+        outcome = await to_thread(intake.receive, payload)
+        if outcome["failed"]:
+            return JSONResponse(status_code=503, content=outcome)
+        return outcome
 
     return router

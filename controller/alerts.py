@@ -1,5 +1,12 @@
 """Alert intake: Alertmanager webhook payloads (version 4) and the built-in SLO evaluator's alerts, mapped to
-controller actions. One (fingerprint, startsAt) acts once however often it is delivered; resolved ones are recorded."""
+controller actions, at least once with an exactly-once effect: each notification (fingerprint, startsAt, status) is
+recorded, and the outcome of its action is stored in the same transaction as the decision it made. A redelivery
+whose action succeeded (or was skipped, with its reason) is a no-op; one whose action failed or never ran (a kill -9
+between recording and acting) is acted on.
+
+Pins against alerts: while a pin holds (an operator's or another alert's), an alert's config-changing action
+(rollback, disable_speculation, pin) is not taken; it is recorded as a `skip` decision naming the pin. The pin's
+owner decides what runs; a resolved alert releases only the pin it owns."""
 from __future__ import annotations
 
 import hashlib
@@ -8,7 +15,9 @@ from typing import Annotated, Literal
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema,
                       field_validator)
 
-from controller.loop import Controller
+from controller.clients import EngineClientError
+from controller.loop import Controller, PinHeld
+from controller.store import SETTLED
 from engine.api_schema import Text, no_lone_surrogates
 from policies import AlertAction
 
@@ -79,11 +88,15 @@ class AlertIntake:
         return policy.overrides.get(name) or alert.labels.get("governor_action") or policy.default_action
 
     def receive(self, payload: AlertmanagerPayload, source: str = "alertmanager") -> dict:
-        outcome = {"received": len(payload.alerts), "acted": [], "duplicates": 0, "resolved": 0}
+        """failed lists the alerts whose action did not succeed: answer 5xx so that Alertmanager delivers again."""
+        outcome = {"received": len(payload.alerts), "acted": [], "skipped": [], "failed": [], "duplicates": 0,
+                   "resolved": 0}
         for alert in payload.alerts:
             result = self._one(alert, source)
             if result is None:
                 outcome["duplicates"] += 1
+            elif result["outcome"] in ("skipped", "failed"):
+                outcome[result["outcome"]].append(result)
             elif alert.status == "resolved":
                 outcome["resolved"] += 1
             else:
@@ -98,26 +111,46 @@ class AlertIntake:
         self._one(alert, "builtin")
 
     def _one(self, alert: Alert, source: str) -> dict | None:
+        """Act on one notification unless its action already succeeded (None: a duplicate, answered as such)."""
         controller, name, action = self.controller, alert.labels["alertname"], self.action_for(alert)
         with controller.lock:
-            fresh = controller.store.record_alert(
+            alert_id, settled = controller.store.record_alert(
                 fingerprint=alert.fingerprint, starts_at=alert.startsAt, status=alert.status, name=name,
                 action=action, labels=alert.labels, annotations=alert.annotations, source=source)
-            if not fresh:
+            if settled in SETTLED:
                 return None
-            owner = f"alert:{alert.fingerprint}"
-            inputs = {"alert": name, "fingerprint": alert.fingerprint, "startsAt": alert.startsAt, "source": source,
-                      "annotations": alert.annotations}
-            if alert.status == "resolved":
-                controller.release(f"alert {name} resolved", owner=owner)
-                return {"alert": name, "fingerprint": alert.fingerprint, "action": "resolved"}
-            reason = f"alert {name} firing: {action}"
-            if action == "rollback":
-                decision = controller.rollback(reason, inputs)
-            elif action == "disable_speculation":
-                decision = controller.disable_speculation(owner, reason)
-            elif action == "pin":
-                decision = controller.pin(None, owner, reason)
-            else:
-                decision = controller.notify(reason, inputs)
-            return {"alert": name, "fingerprint": alert.fingerprint, "action": action, "decision": decision}
+            result = {"alert": name, "fingerprint": alert.fingerprint,
+                      "action": "resolved" if alert.status == "resolved" else action}
+            try:
+                decision = self._act(alert, name, action, alert_id, source)
+            except PinHeld as held:
+                decision = controller.skip(f"alert {name} firing: {action} skipped: {held}",
+                                           self._inputs(alert, name, source), alert_id)
+                return {**result, "outcome": "skipped", "reason": str(held), "decision": decision}
+            except EngineClientError as error:
+                controller.store.settle_alert(alert_id, "failed", str(error))
+                return {**result, "outcome": "failed", "reason": str(error)}
+            if decision is None:
+                detail = f"alert {name} resolved: it owns no pin, nothing to release"
+                controller.store.settle_alert(alert_id, "skipped", detail)
+                return {**result, "outcome": "resolved", "reason": detail}
+            return {**result, "outcome": "acted", "decision": decision}
+
+    def _act(self, alert: Alert, name: str, action: str, alert_id: int, source: str) -> int | None:
+        controller, owner = self.controller, f"alert:{alert.fingerprint}"
+        if alert.status == "resolved":
+            return controller.release(f"alert {name} resolved", owner=owner, alert=alert_id)
+        reason = f"alert {name} firing: {action}"
+        if action == "rollback":
+            return controller.rollback(reason, self._inputs(alert, name, source), alert=alert_id)
+        if action == "disable_speculation":
+            return controller.disable_speculation(owner, reason, alert=alert_id)
+        if action == "pin":
+            controller.refuse_if_pinned()
+            return controller.pin(None, owner, reason, alert=alert_id)
+        return controller.notify(reason, self._inputs(alert, name, source), alert=alert_id)
+
+    @staticmethod
+    def _inputs(alert: Alert, name: str, source: str) -> dict:
+        return {"alert": name, "fingerprint": alert.fingerprint, "startsAt": alert.startsAt, "source": source,
+                "annotations": alert.annotations}

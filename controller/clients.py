@@ -15,23 +15,45 @@ class EngineClientError(RuntimeError):
     """An engine refused a config or could not be reached; the message names which and why."""
 
 
+class ApplyFailed(EngineClientError):
+    """A config the engines accepted could not be taken into use (a replica failed half way, or went away)."""
+
+
+READER = "controller"   # the engine keeps a window per reader; this is the controller's
+
+
 class EngineClient(Protocol):
+    degraded: dict[str, str]    # replica -> why it did not answer last time (empty: the whole fleet answers)
+
     def snapshot(self) -> Window:
-        """Close the engine's current window and return it (the controller is its only reader)."""
+        """Close the controller's window on the engine(s) and return it (other readers' windows are untouched)."""
+
+    def check(self, config: EngineConfig) -> None:
+        """Raise EngineClientError if an engine would refuse config; changes nothing."""
 
     def apply(self, config: EngineConfig) -> None:
-        """Take config into use between two steps."""
+        """Take config into use between two steps, on every replica that answers, or on none."""
 
     def config(self) -> EngineConfig:
         """The config in use (or pending)."""
+
+    def versions(self) -> dict[str, int]:
+        """Replica -> the version of the config it serves (or will serve from its next step)."""
 
 
 class InProcessClient:
     def __init__(self, engine: Engine):
         self.engine = engine
+        self.degraded: dict[str, str] = {}
 
     def snapshot(self) -> Window:
-        return self.engine.snapshot()
+        return self.engine.snapshot(READER)
+
+    def check(self, config: EngineConfig) -> None:
+        try:
+            self.engine.check(config)
+        except ValueError as error:
+            raise EngineClientError(str(error)) from error
 
     def apply(self, config: EngineConfig) -> None:
         try:
@@ -42,9 +64,18 @@ class InProcessClient:
     def config(self) -> EngineConfig:
         return self.engine.config
 
+    def versions(self) -> dict[str, int]:
+        return {"engine": self.engine.desired_config.version}
+
+
+class Unreachable(EngineClientError):
+    """A replica did not answer (down or partitioned), as opposed to one that refused."""
+
 
 class HttpClient:
-    """Remote replicas through their GET /admin/window and PUT /admin/config; windows are merged."""
+    """Remote replicas through their GET /admin/window and PUT /admin/config; windows are merged. A replica that does
+    not answer is marked degraded and left out (its window, its writes) until it answers again; the controller's
+    per-tick version check re-applies the config to it then."""
 
     def __init__(self, urls: Sequence[str], token: str | None, timeout_seconds: float = 10.0):
         if not urls:
@@ -52,22 +83,70 @@ class HttpClient:
         self.urls = [url.rstrip("/") for url in urls]
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(headers=headers, timeout=timeout_seconds)
+        self.degraded: dict[str, str] = {}
+        self._applied: EngineConfig | None = None
 
     def _call(self, method: str, url: str, **kwargs) -> dict:
         try:
             reply = self.http.request(method, url, **kwargs)
         except httpx.HTTPError as error:
-            raise EngineClientError(f"{url}: {error}") from error
+            raise Unreachable(f"{url}: {error}") from error
         if reply.status_code != 200:
             raise EngineClientError(f"{method} {url}: HTTP {reply.status_code}: {reply.text[:300]}")
         return reply.json()
 
+    def _each(self, method: str, path: str, **kwargs) -> dict[str, dict]:
+        """Call every replica; those that do not answer are marked degraded. Raises if none answers."""
+        replies = {}
+        for url in self.urls:
+            try:
+                replies[url] = self._call(method, f"{url}{path}", **kwargs)
+                self.degraded.pop(url, None)
+            except Unreachable as error:
+                self.degraded[url] = str(error)
+        if not replies:
+            raise EngineClientError("no engine replica answers: " + "; ".join(self.degraded.values()))
+        return replies
+
     def snapshot(self) -> Window:
-        return merge_windows([window_from_dict(self._call("GET", f"{url}/admin/window")) for url in self.urls])
+        replies = self._each("GET", f"/admin/window?reader={READER}")
+        return merge_windows([window_from_dict(reply) for reply in replies.values()])
+
+    def check(self, config: EngineConfig) -> None:
+        self._each("POST", "/admin/config/check", content=config.model_dump_json())
 
     def apply(self, config: EngineConfig) -> None:
-        for url in self.urls:
-            self._call("PUT", f"{url}/admin/config", content=config.model_dump_json())
+        """Checked on every replica first; if one still fails, those already changed get the previous config back."""
+        self.check(config)
+        changed = []
+        try:
+            for url in self.urls:
+                if url in self.degraded:
+                    continue
+                try:
+                    self._call("PUT", f"{url}/admin/config", content=config.model_dump_json())
+                except Unreachable as error:
+                    self.degraded[url] = str(error)
+                    continue
+                changed.append(url)
+        except EngineClientError:
+            self._undo(changed)
+            raise
+        if not changed:
+            raise EngineClientError("no engine replica answers: " + "; ".join(self.degraded.values()))
+        self._applied = config
+
+    def _undo(self, urls: list[str]) -> None:
+        if self._applied is None:
+            return
+        for url in urls:
+            try:
+                self._call("PUT", f"{url}/admin/config", content=self._applied.model_dump_json())
+            except EngineClientError as error:
+                self.degraded[url] = f"could not restore v{self._applied.version}: {error}"
+
+    def versions(self) -> dict[str, int]:
+        return {url: reply["version"] for url, reply in self._each("GET", "/admin/config").items()}
 
     def config(self) -> EngineConfig:
         return EngineConfig.model_validate(self._call("GET", f"{self.urls[0]}/admin/config"))

@@ -8,10 +8,10 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from controller.clients import EngineClient, EngineClientError
+from controller.clients import ApplyFailed, EngineClient, EngineClientError
 from controller.counters import CountingSink, MetricsSink
 from controller.rule_policy import RulePolicy
-from controller.store import Pin, Store
+from controller.store import Pin, RollbackRow, Store
 from controller.strategy import Proposal, Strategy
 from controller.window_stats import merge_windows, no_data_reason, slo_breaches, tokens_per_busy_second, window_summary
 from policies import Policy
@@ -19,6 +19,14 @@ from seam import EngineConfig, Window
 
 log = logging.getLogger("governor.controller")
 MAX_NO_DATA_WINDOWS = 3     # a trial that sees no traffic for this many windows is reverted as inconclusive
+
+
+class PinHeld(RuntimeError):
+    """An action that would change the config while a pin holds; the pin's owner releases it first."""
+
+    def __init__(self, pin: Pin):
+        super().__init__(f"config v{pin.config_version} is pinned by {pin.owner} ({pin.reason}); release it first")
+        self.pin = pin
 
 
 @dataclass
@@ -49,6 +57,7 @@ class Controller:
         self.policy, self.policy_name = policy, policy_name
         self.strategy = self._strategy_for(policy)
         self._before_search: tuple[Policy, str] | None = None
+        self._wanted: EngineConfig | None = None     # a config to converge to that could not be applied yet
         self.current, self.last_known_good = self._resume()
 
     # -- start, stop, one tick -------------------------------------------------------------------------------------
@@ -62,6 +71,12 @@ class Controller:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
+    def fault(self) -> str | None:
+        """The 'controller' health probe: None while its loop runs (or was never started)."""
+        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+            return "the controller thread died"
+        return None
+
     def _run(self) -> None:
         while not self._stop.wait(self.policy.window.seconds / self.policy.window.checks):
             try:
@@ -72,6 +87,7 @@ class Controller:
     def tick(self) -> None:
         """One check: take the engine's window so far; every `checks` ticks a whole window is judged."""
         with self.lock:
+            self._reconcile()
             part = self.client.snapshot()
             self._parts.append(part)
             if self._trial is not None and self._cut_short(part):
@@ -165,8 +181,8 @@ class Controller:
             self.store.set_last_known_good(trial.config)
             action = {"fallback_probe": "fallback", "speculation_probe": "reenable"}.get(kind, "keep")
         else:
-            self._apply(self.last_known_good, f"revert trial {trial.id}")
-            self.current = self.last_known_good
+            if not self._converge(self.last_known_good, f"revert trial {trial.id}"):
+                reason += f"; v{self.last_known_good.version} could not be applied yet, every tick retries it"
             self.metrics.rollback()
             self._cooldown_until = self.window_index + self.policy.trial.cooldown_windows + 1
             action = "cut_short" if outcome == "cut_short" else "revert"
@@ -178,61 +194,91 @@ class Controller:
 
     # -- actions from alerts, operators and the built-in SLO evaluator --------------------------------------------
 
-    def rollback(self, reason: str, inputs: dict | None = None) -> int:
-        """Restore the last known good config; always records exactly one rollback decision."""
+    def rollback(self, reason: str, inputs: dict | None = None, alert: int | None = None,
+                 lift_pin: bool = False) -> int:
+        """Restore the last known good config and record exactly one rollback decision. While a pin holds, raises
+        PinHeld (the pin decides what runs), unless lift_pin (an operator's rollback lifts it). Raises ApplyFailed if
+        the engine could not take it (the running trial is over, `current` stays what the engine has, every tick
+        retries)."""
         with self.lock:
-            if self._trial is not None:
-                trial, self._trial = self._trial, None
-                self.store.finish_trial(trial.id, "rolled_back", None)
-                self.metrics.trial("rolled_back")
-                self.strategy.finished(trial.proposal, "rolled_back", None, self.window_index)
+            pin = self.store.pin()
+            if pin is not None and not lift_pin:
+                raise PinHeld(pin)
             from_version = self.current.version
-            self._apply(self.last_known_good, reason)
-            self.current = self.last_known_good
+            ended = self._end_trial_for("rolled_back")
+            if pin is not None:
+                self.store.set_pin(None)
             self._parts = []
-            decision = self._decide("rollback", reason, {**(inputs or {}), "from_version": from_version},
-                                    config_version=self.last_known_good.version)
-            self.store.record_rollback(reason, from_version, self.last_known_good.version, decision)
+            if not self._converge(self.last_known_good, reason):
+                raise ApplyFailed(f"rollback to v{self.last_known_good.version} failed; retried every tick")
+            decision = self._decide("rollback", reason, {**(inputs or {}), "from_version": from_version,
+                                                         "ended_trial": ended,
+                                                         "lifted_pin": None if pin is None else pin.__dict__},
+                                    config_version=self.last_known_good.version, settles_alert=alert,
+                                    rollback=RollbackRow(reason, from_version, self.last_known_good.version))
             self.metrics.rollback()
             return decision
 
-    def pin(self, config: EngineConfig | None, owner: str, reason: str) -> int:
-        """Hold config (the current one if None) until released; the loop proposes nothing meanwhile."""
+    def pin(self, config: EngineConfig | None, owner: str, reason: str, alert: int | None = None) -> int:
+        """Hold config (the current one if None) until released; the loop proposes nothing meanwhile. The engine
+        checks config first: a refused one (EngineClientError) changes nothing. A running trial ends first; an
+        alert's pin (owner 'alert:...') of the current config holds the last known good instead, so that an
+        unjudged trial config never becomes last known good."""
         with self.lock:
-            if self._trial is not None and config is None:
-                self.rollback(f"pin: the running trial is ended first ({reason})")
             if config is not None:
+                self.client.check(config)
                 config = self.store.record_config(config, owner.split(":")[0], reason)
-                self._abandon_trial()
-                self._apply(config, reason, raise_error=True)
-                self.current = config
+            elif self._trial is not None:
+                config = self.last_known_good
+            ended = None
+            if config is not None:
+                if not self._apply(config, reason):
+                    raise ApplyFailed(f"pin: applying v{config.version} failed")
+                ended = self._end_trial_for("pinned_over")
+                self.current, self._wanted = config, None
             self.store.set_pin(Pin(self.current.version, owner, reason))
-            return self._decide("pin", reason, {"owner": owner}, config_version=self.current.version)
+            return self._decide("pin", reason, {"owner": owner, "ended_trial": ended},
+                                config_version=self.current.version, settles_alert=alert)
 
-    def release(self, reason: str, owner: str | None = None) -> int | None:
-        """Lift the pin (only the owner's, if owner is given); the pinned config becomes the last known good."""
+    def release(self, reason: str, owner: str | None = None, alert: int | None = None) -> int | None:
+        """Lift the pin (only the owner's, if owner is given); None if there is none to lift. An operator's pinned
+        config becomes the last known good; an alert's pin is never judged, so the last known good comes back."""
         with self.lock:
             pin = self.store.pin()
             if pin is None or (owner is not None and pin.owner != owner):
                 return None
+            if pin.owner.startswith("alert:"):
+                if not self._converge(self.last_known_good, reason):
+                    raise ApplyFailed(f"release: restoring v{self.last_known_good.version} failed")
+            else:
+                self.last_known_good = self.current
+                self.store.set_last_known_good(self.current)
             self.store.set_pin(None)
-            self.last_known_good = self.current
-            self.store.set_last_known_good(self.current)
-            return self._decide("release", reason, {"owner": pin.owner}, config_version=self.current.version)
+            return self._decide("release", reason, {"owner": pin.owner}, config_version=self.current.version,
+                                settles_alert=alert)
 
-    def disable_speculation(self, owner: str, reason: str) -> int:
+    def disable_speculation(self, owner: str, reason: str, alert: int | None = None) -> int:
+        """Pin the last known good config with speculation off (never a trial's config)."""
         with self.lock:
-            return self.pin(self.current.changed(spec_method="off"), owner, reason)
+            self.refuse_if_pinned()
+            return self.pin(self.last_known_good.changed(spec_method="off"), owner, reason, alert)
 
-    def notify(self, reason: str, inputs: dict) -> int:
-        return self._decide("notify", reason, inputs, config_version=self.current.version)
+    def notify(self, reason: str, inputs: dict, alert: int | None = None) -> int:
+        return self._decide("notify", reason, inputs, config_version=self.current.version, settles_alert=alert)
+
+    def skip(self, reason: str, inputs: dict, alert: int | None = None) -> int:
+        """Record that an action was not taken, and why (e.g. an alert's rollback while a pin holds)."""
+        return self._decide("skip", reason, inputs, config_version=self.current.version, settles_alert=alert,
+                            outcome="skipped")
 
     def switch_policy(self, policy: Policy, name: str) -> int:
+        """The new policy's strategy is built first: one that cannot be built (raises) changes nothing."""
         with self.lock:
-            self._abandon_trial()
-            self.policy, self.policy_name = policy, name
-            self.strategy = self._strategy_for(policy)
-            return self._decide("policy_switch", f"policy switched to {name} ({policy.kind})", {"policy": name})
+            strategy = self._strategy_for(policy)
+            ended = self._end_trial_for("abandoned", revert=True)
+            self.policy, self.policy_name, self.strategy = policy, name, strategy
+            return self._decide("policy_switch", f"policy switched to {name} ({policy.kind})",
+                                {"policy": name, "ended_trial": ended})
 
     def start_search(self, policy: Policy, name: str) -> int | None:
         """Switch to an Optuna policy, remembering the one in use to return to; None if a search already runs."""
@@ -252,9 +298,22 @@ class Controller:
             self._before_search = None
             return self.switch_policy(policy, name)
 
-    def _abandon_trial(self) -> None:
-        if self._trial is not None:
-            self.rollback(f"trial {self._trial.id} ended by an operator action")
+    def refuse_if_pinned(self) -> None:
+        pin = self.store.pin()
+        if pin is not None:
+            raise PinHeld(pin)
+
+    def _end_trial_for(self, outcome: str, revert: bool = False) -> int | None:
+        """End the running trial because an action replaces it; revert: go back to the last known good too."""
+        trial, self._trial = self._trial, None
+        if trial is None:
+            return None
+        self.store.finish_trial(trial.id, outcome, None)
+        self.metrics.trial(outcome)
+        self.strategy.finished(trial.proposal, outcome, None, self.window_index)
+        if revert:
+            self._converge(self.last_known_good, f"trial {trial.id} ended ({outcome})")
+        return trial.id
 
     def _evaluate_slo(self, window: Window) -> None:
         if not self.policy.slo.builtin_evaluator or self.alerts is None:
@@ -273,6 +332,8 @@ class Controller:
         with self.lock:
             pin = self.store.pin()
             return {"policy": self.policy_name, "policy_kind": self.policy.kind,
+                    "degraded_replicas": dict(self.client.degraded),
+                    "converging_to": None if self._wanted is None else self._wanted.version,
                     "config": self.current.model_dump(), "last_known_good": self.last_known_good.model_dump(),
                     "pin": None if pin is None else pin.__dict__, "window_index": self.window_index,
                     "trial": None if self._trial is None else {"id": self._trial.id, "kind": self._trial.proposal.kind,
@@ -284,30 +345,57 @@ class Controller:
         pin, lkg = self.store.pin(), self.store.last_known_good()
         if lkg is None:
             lkg = self.store.record_config(self.client.config(), "engine", "the engine's config at first start")
-            self._apply(lkg, "first start")  # the same knobs, under the store's version number
+            if not self._apply(lkg, "first start"):  # the same knobs, under the store's version number
+                self._wanted = lkg
             self.store.set_last_known_good(lkg)
             self._decide("start", "first start: the engine's config is the last known good", {},
                          config_version=lkg.version)
             return lkg, lkg
         current = self.store.config(pin.config_version) if pin else lkg
-        self._apply(current, "restart")
+        if not self._apply(current, "restart"):
+            self._wanted = current
         self._decide("resume", f"restart: resumed {'the pinned' if pin else 'the last known good'} config "
                      f"v{current.version}", {"pin": None if pin is None else pin.__dict__},
                      config_version=current.version)
         return current, lkg
 
-    def _apply(self, config: EngineConfig, reason: str, raise_error: bool = False) -> bool:
+    def _apply(self, config: EngineConfig, reason: str) -> bool:
         try:
             self.client.apply(config)
         except EngineClientError as error:
             self._decide("apply_failed", f"{reason}: {error}", {"config": config.model_dump()},
                          config_version=config.version)
-            if raise_error:
-                raise
             return False
         return True
 
+    def _converge(self, config: EngineConfig, reason: str) -> bool:
+        """Apply config; `current` follows only if the engine took it, else every tick retries it."""
+        if self._apply(config, reason):
+            self.current, self._wanted = config, None
+            return True
+        self._wanted = config
+        return False
+
+    def _reconcile(self) -> None:
+        """Level-based: every replica must serve the config the controller holds (or one it could not apply yet);
+        re-apply it where one reports another version (a restarted replica, a write behind the controller's back)."""
+        target = self._wanted or self.current
+        try:
+            versions = self.client.versions()
+        except EngineClientError as error:
+            log.warning("cannot read the engines' config versions: %s", error)
+            return
+        drifted = {where: version for where, version in versions.items() if version != target.version}
+        if not drifted and self._wanted is None:
+            return
+        reason = ("drift: " + ", ".join(f"{where} serves v{version}" for where, version in drifted.items())
+                  + f"; the controller holds v{target.version}, re-applied") if drifted \
+            else f"re-applied v{target.version}, which an earlier apply could not take into use"
+        if self._converge(target, reason):
+            self._decide("reapply", reason, {"drifted": drifted}, config_version=target.version)
+
     def _decide(self, action: str, reason: str, inputs: dict, **fields) -> int:
+        """Recorded in one transaction with what it settles (an alert's outcome, a rollback row)."""
         decision = self.store.record_decision(action, reason, inputs, **fields)
         self.metrics.decision(action)
         log.info("decision %d %s: %s", decision, action, reason)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, UniqueConstraint, create_engine, \
-    delete, event, func, or_, select
-from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError
+    delete, event, func, or_, select, update
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from seam import EngineConfig
@@ -75,6 +76,20 @@ class AlertRecord(Base):
     source: Mapped[str] = mapped_column(String(32))
 
 
+class AlertOutcome(Base):
+    """What became of an alert notification's action: acted or skipped (settled: a redelivery is a no-op), failed
+    (a redelivery acts again). A notification with no outcome was recorded but not acted on (e.g. a kill -9)."""
+    __tablename__ = "governor_alert_outcomes"
+    alert_id: Mapped[int] = mapped_column(ForeignKey("governor_alerts.id"), primary_key=True)
+    outcome: Mapped[str] = mapped_column(String(16))
+    detail: Mapped[str] = mapped_column(String(1000))
+    decision_id: Mapped[int | None] = mapped_column(ForeignKey("governor_decisions.id"))
+    updated_at: Mapped[dt.datetime] = mapped_column(default=_now, onupdate=_now)
+
+
+SETTLED = ("acted", "skipped")
+
+
 class Rollback(Base):
     __tablename__ = "governor_rollbacks"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -105,13 +120,24 @@ def config_diff(before: dict | None, after: dict) -> dict:
             if key != "version" and before.get(key) != value}
 
 
+@dataclass(frozen=True)
+class RollbackRow:
+    reason: str
+    from_version: int | None
+    to_version: int
+
+
 class StoreError(RuntimeError):
     """The database URL cannot be used; the message names the URL and why."""
+
+
+WRITE_CHECK_SECONDS = 2.0   # /health writes to the store at most this often
 
 
 class Store:
     def __init__(self, url: str):
         self.url = url
+        self._write_checked: tuple[float, str | None] = (float("-inf"), None)
         try:
             self.engine = create_engine(url, json_serializer=lambda v: json.dumps(v, default=str))
             if url.startswith("sqlite"):
@@ -122,6 +148,19 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def fault(self) -> str | None:
+        """None if a write commits (checked at most every WRITE_CHECK_SECONDS), else why it does not."""
+        checked_at, fault = self._write_checked
+        if time.monotonic() - checked_at < WRITE_CHECK_SECONDS:
+            return fault
+        try:
+            self._set_state("write_check", {"at": _now().isoformat()})
+            fault = None
+        except SQLAlchemyError as error:
+            fault = f"the store cannot be written: {str(error).splitlines()[0]}"
+        self._write_checked = (time.monotonic(), fault)
+        return fault
 
     def _add(self, row: Base) -> int:
         with Session(self.engine) as session, session.begin():
@@ -183,10 +222,23 @@ class Store:
 
     def record_decision(self, action: str, reason: str, inputs: dict[str, Any] | None = None,
                         predicted_gain: float | None = None, measured_gain: float | None = None,
-                        config_version: int | None = None, trial_id: int | None = None) -> int:
-        return self._add(Decision(action=action, reason=reason[:1000], inputs=inputs or {},
-                                  predicted_gain=predicted_gain, measured_gain=measured_gain,
-                                  config_version=config_version, trial_id=trial_id))
+                        config_version: int | None = None, trial_id: int | None = None,
+                        rollback: RollbackRow | None = None, settles_alert: int | None = None,
+                        outcome: str = "acted") -> int:
+        """One transaction: the decision, its rollback row and the outcome of the alert it settles, so that a kill
+        -9 leaves either all of them or none (and a redelivered alert is then acted on again)."""
+        with Session(self.engine) as session, session.begin():
+            decision = Decision(action=action, reason=reason[:1000], inputs=inputs or {},
+                                predicted_gain=predicted_gain, measured_gain=measured_gain,
+                                config_version=config_version, trial_id=trial_id)
+            session.add(decision)
+            session.flush()
+            if rollback is not None:
+                session.add(Rollback(reason=rollback.reason[:1000], from_version=rollback.from_version,
+                                     to_version=rollback.to_version, decision_id=decision.id))
+            if settles_alert is not None:
+                _put_outcome(session, settles_alert, outcome, reason, decision.id)
+            return decision.id
 
     def start_trial(self, policy: str, config: EngineConfig, baseline: EngineConfig, predicted_gain: float | None,
                     optuna_trial: int | None = None) -> int:
@@ -202,31 +254,50 @@ class Store:
         with Session(self.engine) as session:
             return list(session.scalars(select(Trial.id).where(Trial.outcome == "running")))
 
-    def record_rollback(self, reason: str, from_version: int | None, to_version: int, decision_id: int) -> int:
-        return self._add(Rollback(reason=reason[:1000], from_version=from_version, to_version=to_version,
-                                  decision_id=decision_id))
-
     # -- alerts ------------------------------------------------------------------------------------------------
 
     def record_alert(self, *, fingerprint: str, starts_at: str, status: str, name: str, action: str, labels: dict,
-                     annotations: dict, source: str) -> bool:
-        """Record one alert notification; False if this (fingerprint, startsAt, status) was recorded before."""
+                     annotations: dict, source: str) -> tuple[int, str | None]:
+        """Record one alert notification (once per fingerprint, startsAt and status): its id, and the outcome of its
+        action so far (None if never acted on)."""
+        key = {"fingerprint": fingerprint, "starts_at": starts_at, "status": status}
         try:
-            self._add(AlertRecord(fingerprint=fingerprint, starts_at=starts_at, status=status, name=name[:200],
-                                  action=action, labels=labels, annotations=annotations, source=source))
+            alert_id = self._add(AlertRecord(**key, name=name[:200], action=action, labels=labels,
+                                             annotations=annotations, source=source))
+            return alert_id, None
         except IntegrityError:
-            return False
-        return True
+            with Session(self.engine) as session:
+                alert_id = session.scalars(select(AlertRecord.id).filter_by(**key)).one()
+                outcome = session.get(AlertOutcome, alert_id)
+                return alert_id, None if outcome is None else outcome.outcome
+
+    def alerts(self, limit: int = 100) -> list[dict]:
+        """Alert notifications, newest first, each with its action's outcome (None: not acted on yet)."""
+        with Session(self.engine) as session:
+            query = (select(AlertRecord, AlertOutcome).outerjoin(AlertOutcome, AlertOutcome.alert_id == AlertRecord.id)
+                     .order_by(AlertRecord.id.desc()).limit(limit))
+            return [{**_as_dict(alert), "outcome": None if outcome is None else outcome.outcome,
+                     "outcome_detail": None if outcome is None else outcome.detail,
+                     "decision_id": None if outcome is None else outcome.decision_id}
+                    for alert, outcome in session.execute(query)]
+
+    def settle_alert(self, alert_id: int, outcome: str, detail: str) -> None:
+        """Record an alert outcome that has no decision of its own (skipped without effect, or failed)."""
+        with Session(self.engine) as session, session.begin():
+            _put_outcome(session, alert_id, outcome, detail, None)
 
     # -- retention ---------------------------------------------------------------------------------------------
 
     def prune(self, before: dt.datetime, keep_versions: set[int] = frozenset()) -> dict[str, int]:
         """Delete decisions, rollbacks and finished trials recorded before `before`, then config versions that are
         older and nothing left refers to. Never deleted: the last-known-good, the pinned and the newest version,
-        keep_versions (e.g. the config in use), and alerts (their records make a redelivery act only once).
+        keep_versions (e.g. the config in use), and alerts and their outcomes (they make a redelivery act only
+        once; an outcome loses the link to a pruned decision).
         Returns the rows deleted per table."""
         with Session(self.engine) as session, session.begin():
             old_decisions = select(Decision.id).where(Decision.at < before)
+            session.execute(update(AlertOutcome).where(AlertOutcome.decision_id.in_(old_decisions))
+                            .values(decision_id=None))
             rollbacks = session.execute(delete(Rollback).where(
                 or_(Rollback.at < before, Rollback.decision_id.in_(old_decisions)))).rowcount
             decisions = session.execute(delete(Decision).where(Decision.at < before)).rowcount
@@ -267,12 +338,17 @@ class Store:
     def trials(self, limit: int = 100) -> list[dict]:
         return self.rows(Trial, limit)
 
-    def alerts(self, limit: int = 100) -> list[dict]:
-        return self.rows(AlertRecord, limit)
-
     def count(self, table: type[Base], **equal: Any) -> int:
         with Session(self.engine) as session:
             return len(session.scalars(select(table.__mapper__.primary_key[0]).filter_by(**equal)).all())
+
+
+def _put_outcome(session: Session, alert_id: int, outcome: str, detail: str, decision_id: int | None) -> None:
+    row = session.get(AlertOutcome, alert_id)
+    if row is None:
+        session.add(AlertOutcome(alert_id=alert_id, outcome=outcome, detail=detail[:1000], decision_id=decision_id))
+    else:
+        row.outcome, row.detail, row.decision_id = outcome, detail[:1000], decision_id
 
 
 def _as_dict(row: Base) -> dict:

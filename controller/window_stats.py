@@ -14,6 +14,7 @@ _SUMMED_ARRAYS = {"drafted_per_position", "accepted_per_position", "expert_token
                   "slot_tokens", "rank_tokens"}
 _MAXED = {"batch_size_max", "queue_depth_max"}
 _STEP_WEIGHTED = {"batch_size_mean", "queue_depth_mean"}
+MIXED_VERSIONS = -1     # the config_version of a window whose parts served different configs
 
 
 def window_from_dict(data: dict) -> Window:
@@ -39,6 +40,8 @@ def merge_windows(windows: Sequence[Window]) -> Window:
             values[name] = min(parts)
         elif name == "end":
             values[name] = max(parts)
+        elif name == "config_version":
+            values[name] = parts[0] if len(set(parts)) == 1 else MIXED_VERSIONS
         elif name in _SUMMED:
             values[name] = sum(parts)
         elif name in _SUMMED_ARRAYS:
@@ -82,7 +85,9 @@ def tokens_per_busy_second(window: Window) -> float:
 
 
 def no_data_reason(window: Window, policy: Policy) -> str | None:
-    """Why this window holds too little traffic to be judged, or None if it can be."""
+    """Why this window holds too little traffic to be judged (or measured more than one config), or None."""
+    if window.config_version == MIXED_VERSIONS:
+        return "no data: the window's parts (replicas or checks) served different config versions"
     if window.emitted_tokens < policy.window.min_emitted_tokens:
         return f"no data: {window.emitted_tokens} tokens emitted, a window needs {policy.window.min_emitted_tokens}"
     if window.steps < policy.window.min_steps:

@@ -27,6 +27,7 @@ class Thresholds:
     window: str = "5m"                   # rate() window of every recorded ratio and quantile
     hold: str = "5m"                     # how long a condition must last before its alert fires
     no_traffic_hold: str = "10m"
+    component_down_hold: str = "1m"      # longer than an expert-parallel respawn takes
 
 
 def _ratio(numerator: str, denominator: str, by: str = BY) -> str:
@@ -108,6 +109,21 @@ def alert_rules(t: Thresholds) -> list[dict]:
                f"last {t.window} (threshold {t.drop_ratio_max:.0%}).",
                "The controller rolls back to the last-known-good config. Raise capacity_factor (0 = dropless) or "
                "rebalance the placement."),
+        _alert("GovernorComponentDown", "governor_up == 0", t.component_down_hold, "notify", "critical",
+               f"Governor component {{{{ $labels.component }}}} is down ({where})",
+               f"{{{{ $labels.component }}}} has reported a fault for {t.component_down_hold}; /health answers 503 "
+               "with the reason.",
+               "Read the reason on /health. A dead expert-parallel rank is respawned by itself (the process exits 1 "
+               "after 3 failed respawns in a minute, for its supervisor to restart it); a dead controller thread or "
+               "an unwritable store needs a restart or a look at the database."),
+        _alert("GovernorRequestsFailing",
+               f"sum by ({BY}, cause) (rate(governor_request_errors_total[$w])) > 0", t.hold, "notify", "warning",
+               f"Requests fail with a 5xx ({where})",
+               f"{{{{ $value | humanize }}}} requests/s failed over the last {t.window}, cause "
+               "{{ $labels.cause }}.",
+               "engine_unavailable: the engine refused requests (respawning, stalled or stopped): see /health. "
+               "expert_parallel_rank_failed: a rank died mid-request. engine_step_failed: the engine log has the "
+               "traceback."),
         _alert("GovernorNoTraffic",
                "governor:generation_tokens:rate == 0\nor on () absent(governor_generation_tokens_total)",
                t.no_traffic_hold, "pin", "info", "Governor serves no traffic",

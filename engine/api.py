@@ -8,8 +8,8 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from engine.abandon import whole_unless_abandoned
@@ -17,16 +17,34 @@ from engine.admission import Overloaded
 from engine.api_common import APIError, bearer_guard, install_error_handlers, invalid_body
 from engine.api_schema import served_requests
 from engine.edge import install_edge
-from engine.engine import Emission, RequestError
+from engine.engine import Emission, Failure, RequestError
+from engine.health import Health, UpCollector
 from engine.metrics import CONTENT_TYPE, EngineMetrics
-from engine.openapi import ERRORS, GENERATION_ERRORS, STREAMING, allowed_methods, exact_openapi, json_body
-from engine.service import EngineService
+from engine.openapi import (ERRORS, GENERATION_ERRORS, HEALTH, STREAMING, allowed_methods, error, exact_openapi,
+                            json_body)
+from engine.service import RETRY_AFTER_SECONDS, EngineService, Unavailable
 from engine.tokenizer import ChatTemplateError
 from engine.tracing import traced_request
 from seam import EngineConfig
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
+
+READER_PATTERN = r"^[A-Za-z0-9_.-]{1,32}$"
+CONTROLLER_READER = "controller"
+
+
+def _server_error(failure: Failure) -> APIError:
+    """A request the engine failed: 503 if the service recovers by itself (retry), else 500."""
+    status, headers = (503, {"Retry-After": str(RETRY_AFTER_SECONDS)}) if failure.retryable else (500, None)
+    return APIError(status, f"the engine failed this request: {failure.message}", kind="server_error",
+                    code=failure.cause, headers=headers)
+
+
+def _unavailable_error(refusal: Unavailable) -> APIError:
+    headers = {"Retry-After": str(refusal.retry_after)} if refusal.retry_after is not None else None
+    return APIError(503, f"the engine cannot take requests now: {refusal}", kind="server_error",
+                    code="engine_unavailable", headers=headers)
 
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -37,18 +55,26 @@ DEFAULT_MAX_PROMPT_CHARS = 1 << 17
 def create_app(service: EngineService, model_name: str, admin_token: str | None,
                default_max_tokens: int = 16, metrics: EngineMetrics | None = None,
                tracer: Tracer | None = None, admin_router: APIRouter | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS
-               ) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
+               health: Health | None = None) -> FastAPI:
     """metrics: serve them at /metrics; tracer: one span per request (None: tracing off, nothing is made).
     With admin_router (a controller's), that router owns /admin/* and /alerts; without it, the engine serves its
-    own side of the seam (GET /admin/window, GET/PUT /admin/config) for a remote controller.
-    A body over max_bytes gets 413 unread; a prompt over max_prompt_chars characters gets 400 untokenized."""
+    own side of the seam (GET /admin/window, GET/PUT /admin/config, POST /admin/config/check) for a remote
+    controller. A body over max_bytes gets 413 unread; a prompt over max_prompt_chars characters gets 400
+    untokenized. health: the components beside the engine (controller, store) whose faults /health and /ready
+    report."""
     app = FastAPI(title="Governor", version="0.1.0")
     engine, tokenizer = service.engine, service.engine.tokenizer
     refusals = service.admission.refusals
     install_edge(app, service.admission, admin_token, max_body_bytes, GENERATION_PATHS, lambda: allowed_methods(app))
     app.openapi = exact_openapi(app)
     CompletionRequest, ChatCompletionRequest = served_requests(model_name, max_prompt_chars, engine.max_model_len)
+    health = health or Health()
+    health.add("engine", service.fault)
+    if engine.ep is not None:
+        health.add("expert_parallel", service.group_fault)
+    if metrics is not None:
+        metrics.registry.register(UpCollector(health, model_name))
 
     install_error_handlers(app, refusals)
 
@@ -57,9 +83,26 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
             raise APIError(404, f"model {name!r} does not exist; this server serves {model_name!r}", "model",
                            kind="not_found_error")
 
-    @app.get("/health")
-    async def health():
+    def health_reply(problems: dict[str, str]):
+        if problems:
+            return JSONResponse(status_code=503, content={"status": "unavailable", "model": model_name,
+                                                          "reasons": problems})
         return {"status": "ok", "model": model_name}
+
+    @app.get("/health", responses=HEALTH)
+    def liveness():
+        """503 with the reasons while any component is down (a dead engine thread or rank, a stalled engine, a
+        dead controller thread, a store that cannot be written). Not async: a probe may wait on the store."""
+        return health_reply(health.problems())
+
+    @app.get("/ready", responses=HEALTH)
+    def readiness():
+        """As /health, and 503 while new requests would be refused (e.g. during a respawn)."""
+        problems = health.problems()
+        refusal = service.unavailable()
+        if refusal is not None:
+            problems.setdefault("engine", str(refusal))
+        return health_reply(problems)
 
     @app.get("/v1/models")
     async def models():
@@ -103,6 +146,10 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
     else:
         _add_engine_admin(app, engine, admin_token)
 
+    def count_failure(cause: str) -> None:
+        if metrics is not None:
+            metrics.request_failed(cause)
+
     async def _serve(request: Request, body, prompt_ids: list[int], chat: bool):
         params = body.sampling_params(default_max_tokens)
         try:
@@ -112,8 +159,11 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
         except Overloaded as error:
             raise APIError(429, str(error), kind="rate_limit_error", code=error.reason,
                            headers={"Retry-After": str(error.retry_after_seconds)}) from error
+        except Unavailable as refusal:
+            count_failure("engine_unavailable")
+            raise _unavailable_error(refusal) from refusal
         stream = submission.emissions()
-        reply = _Reply(model_name, chat)
+        reply = _Reply(model_name, chat, count_failure)
         if tracer is not None:
             stream = traced_request(tracer, stream, chat=chat, model=model_name, response_id=reply.id, params=params,
                                     prompt_tokens=len(prompt_ids))
@@ -125,32 +175,59 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
 
 
 def _add_engine_admin(app: FastAPI, engine, admin_token: str | None) -> None:
-    @app.get("/admin/window")
-    async def window():
-        return engine.snapshot().to_dict()
+    closed: dict[str, dict] = {}      # the latest window closed for the controller reader
+
+    @app.get("/admin/window", responses={404: error("no controller has closed a window yet (without reader)")})
+    async def window(reader: str | None = Query(None, pattern=READER_PATTERN)):
+        """With reader: close that reader's window and return it (each reader has its own; `controller` is the
+        remote controller's). Without: the controller's latest closed window, read without changing anything."""
+        if reader is None:
+            if "latest" not in closed:
+                raise APIError(404, "no controller has closed a window yet", kind="not_found_error")
+            return closed["latest"]
+        data = engine.snapshot(reader).to_dict()
+        if reader == CONTROLLER_READER:
+            closed["latest"] = data
+        return data
 
     @app.get("/admin/config")
     async def get_config():
-        return engine.config.model_dump()
+        return engine.desired_config.model_dump()
+
+    @app.post("/admin/config/check", dependencies=[Depends(bearer_guard(admin_token))],
+              openapi_extra=json_body(EngineConfig), responses=ERRORS)
+    async def check_config(request: Request):
+        """Validate a config against this engine without applying it (a controller checks before it writes)."""
+        config = _config_from(await request.body())
+        try:
+            engine.check(config)
+        except RequestError as error:
+            raise APIError(400, str(error), error.field) from error
+        return config.model_dump()
 
     @app.put("/admin/config", dependencies=[Depends(bearer_guard(admin_token))], openapi_extra=json_body(EngineConfig),
              responses=ERRORS)
     async def put_config(request: Request):
+        config = _config_from(await request.body())
         try:
-            config = EngineConfig.model_validate_json(await request.body(), strict=True)
             engine.apply(config)
-        except ValidationError as error:
-            raise invalid_body(error) from error
         except RequestError as error:
             raise APIError(400, str(error), error.field) from error
         return config.model_dump()
 
 
+def _config_from(body: bytes) -> EngineConfig:
+    try:
+        return EngineConfig.model_validate_json(body, strict=True)
+    except ValidationError as error:
+        raise invalid_body(error) from error
+
+
 class _Reply:
     """Shapes emissions into OpenAI completion or chat.completion objects and chunks."""
 
-    def __init__(self, model: str, chat: bool):
-        self.model, self.chat = model, chat
+    def __init__(self, model: str, chat: bool, count_failure):
+        self.model, self.chat, self._count_failure = model, chat, count_failure
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -166,6 +243,9 @@ class _Reply:
     async def whole(self, stream: AsyncIterator[Emission]) -> dict:
         text, last = [], None
         async for last in stream:
+            if last.failure is not None:
+                self._count_failure(last.failure.cause)
+                raise _server_error(last.failure)
             text.append(last.text)
         content = "".join(text)
         choice = ({"index": 0, "message": {"role": "assistant", "content": content}} if self.chat
@@ -178,6 +258,10 @@ class _Reply:
             yield self._event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
         last = None
         async for last in stream:
+            if last.failure is not None:
+                self._count_failure(last.failure.cause)
+                yield f"data: {json.dumps(_server_error(last.failure).body())}\n\n"
+                return      # no [DONE]: the stream ends on the error
             if last.text or last.finish_reason:
                 delta = {"delta": {"content": last.text} if last.text else {}} if self.chat else {"text": last.text}
                 yield self._event([{"index": 0, **delta, "finish_reason": last.finish_reason}])

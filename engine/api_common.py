@@ -19,10 +19,12 @@ class APIError(Exception):
         self.status, self.message, self.param, self.kind = status, message, param, kind
         self.code, self.headers = code, headers
 
+    def body(self) -> dict:
+        return error_body(self.message, self.kind, self.param, self.code)
+
 
 def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(status_code=error.status, headers=error.headers,
-                        content=error_body(error.message, error.kind, error.param, error.code))
+    return JSONResponse(status_code=error.status, content=error.body(), headers=error.headers)
 
 
 def field_of(loc: tuple) -> str:

@@ -4,6 +4,7 @@ Not thread-safe except apply() and snapshot(); engine.service drives it from one
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterable
@@ -14,7 +15,7 @@ import torch
 from engine.batch import SequenceChunk, build_forward_batch
 from engine.drafters import Drafter, Drafts, ModelDrafter, NgramDrafter
 from engine.ep import ExpertParallel
-from engine.experts import ExpertRuntime, StepCounts, expert_topology
+from engine.experts import ExpertRuntime, StepCounts, drop_logical_experts, expert_topology
 from engine.kv_cache import BlockAllocator, KVCache
 from engine.limits import EngineLimits
 from engine.moe import LOCAL
@@ -37,6 +38,14 @@ class RequestError(ValueError):
         self.field = field
 
 
+@dataclass(frozen=True)
+class Failure:
+    """Why the engine could not finish a request: cause is a short label (counted in /metrics), message the detail."""
+    cause: str
+    message: str
+    retryable: bool = False     # the service recovers by itself; the client may retry (503, not 500)
+
+
 @dataclass
 class Emission:
     """What one step produced for one request."""
@@ -46,6 +55,7 @@ class Emission:
     finish_reason: str | None
     prompt_tokens: int
     output_tokens: int
+    failure: Failure | None = None
 
 
 class Engine:
@@ -90,10 +100,23 @@ class Engine:
         with self._config_lock:
             self._pending = config
 
-    def snapshot(self) -> Window:
+    def snapshot(self, reader: str = "default") -> Window:
+        """What the engine measured since reader's previous snapshot; other readers' windows are untouched."""
+        return self.telemetry.snapshot(self.desired_config, reader)
+
+    def peek(self, reader: str = "default") -> Window:
+        """reader's window so far, without closing it."""
+        return self.telemetry.peek(self.desired_config, reader)
+
+    @property
+    def desired_config(self) -> EngineConfig:
+        """The config the engine serves from its next step on: the one applied last."""
         with self._config_lock:
-            config = self._pending or self.config
-        return self.telemetry.snapshot(config)
+            return self._pending or self.config
+
+    def check(self, config: EngineConfig) -> None:
+        """Raise RequestError if this engine cannot serve config; changes nothing."""
+        self._check(config)
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -123,13 +146,13 @@ class Engine:
         self.scheduler.remove(seq)
         return True
 
-    def fail_all(self) -> list[Emission]:
+    def fail_all(self, failure: Failure) -> list[Emission]:
         """End every request after an error inside a step, returning all their blocks."""
         failed = [*self.scheduler.running, *self.scheduler.waiting]
         for seq in failed:
             seq.finish_reason = "error"
             self.scheduler.remove(seq)
-        return [self._emission(seq) for seq in failed]
+        return [dataclasses.replace(self._emission(seq), failure=failure) for seq in failed]
 
     @property
     def has_work(self) -> bool:
@@ -321,17 +344,24 @@ class Engine:
                 "dropped_per_layer": counts.dropped_per_layer, "all_to_all_seconds": counts.all_to_all_seconds}
 
     def _adopt_pending_config(self) -> None:
+        """A config that fails to take is dropped (the engine keeps the one in use, and reports its version)."""
         with self._config_lock:
-            config, self._pending = self._pending, None
-        if config is not None:
+            config = self._pending
+        if config is None:
+            return
+        try:
             self._take(config)
+        finally:
+            with self._config_lock:
+                if self._pending is config:
+                    self._pending = None
 
     def _take(self, config: EngineConfig) -> None:
         if self.experts is not None:
-            self.experts.capacity_factor = config.capacity_factor
             placement = self._placement_of(config)
             if placement != self.experts.placement:
                 self._replace_experts(placement)
+            self.experts.capacity_factor = config.capacity_factor
         self.config = config
         self.drafter = self._drafter_for(config)
         self.telemetry.record_config(config)
@@ -350,6 +380,14 @@ class Engine:
         self.experts.replace(placement)
         _synchronize(self.device)
         self.telemetry.record_replacement(time.perf_counter() - started)
+
+    def attach_group(self, group: ExpertParallel) -> None:
+        """Serve with a freshly spawned expert-parallel group (its ranks at the identity placement, the target's
+        logical expert weights loaded), then take the config in use back: placement and capacity factor."""
+        self.ep = group
+        self.experts = ExpertRuntime(self.target, group.topology, group.exchange)
+        drop_logical_experts(self.target)
+        self._take(self.config)
 
     def close(self) -> None:
         """Stop the expert-parallel workers, if any."""

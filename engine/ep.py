@@ -34,6 +34,7 @@ TargetLoader = Callable[[torch.device, torch.dtype], Transformer]
 
 class ExpertParallelError(RuntimeError):
     """A worker rank failed to start, died, or stopped answering."""
+    cause = "expert_parallel_rank_failed"
 
 
 class GroupExchange:
@@ -148,6 +149,23 @@ class ExpertParallel:
         "expert_parameters": number of expert weights it keeps}."""
         self._send(("describe",))
         return [self._answer(rank) for rank in range(1, self.ranks)]
+
+    def dead_ranks(self) -> dict[int, int | None]:
+        """Worker rank -> exit code, for every worker that is no longer running."""
+        return {rank: worker.exitcode for rank, worker in enumerate(self._workers, start=1) if not worker.is_alive()}
+
+    def abort(self) -> None:
+        """Tear the group down at once: kill every worker (one may be stuck in a collective) and leave the group."""
+        for worker in self._workers:
+            if worker.is_alive():
+                worker.kill()
+        for worker in self._workers:
+            worker.join(timeout=10)
+        for pipe in self._pipes:
+            pipe.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._pipes, self._workers = [], []
 
     def close(self) -> None:
         """Stop the workers (terminating any that do not stop in time) and leave the process group."""

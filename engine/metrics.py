@@ -83,6 +83,8 @@ class EngineMetrics:
                                           "all-to-all communication")
         self.balancedness = gauge("governor_moe_balancedness_ratio", "Balancedness of the last step: sum over "
                                   "layers of mean rank tokens / sum of max rank tokens (vLLM)")
+        self.request_errors = Counter("governor_request_errors", "Requests answered with a 5xx or ended by an error "
+                                      "event, by cause", ("model", "cause"), registry=self.registry)
         self.layer_balancedness = gauge("governor_moe_layer_balancedness_ratio", "Balancedness of the last step, "
                                         "per MoE layer: mean rank tokens / max rank tokens", ("layer",))
 
@@ -95,6 +97,9 @@ class EngineMetrics:
         """Read batch size and queue depth when scraped, so they are current even while the engine idles."""
         self.batch_size.set_function(running)
         self.queue_depth.set_function(waiting)
+
+    def request_failed(self, cause: str) -> None:
+        self.request_errors.labels(self.model, cause).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

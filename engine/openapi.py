@@ -25,7 +25,16 @@ REF = "#/components/schemas/{model}"
 COMPONENTS_KEY = "x-governor-components"     # carried by an operation until _exact moves it into components
 ERRORS = {400: error("a field is invalid; error.param names it")}
 GENERATION_ERRORS = {**ERRORS, 404: error("the model is not the one this server serves"),
-                     429: error("overloaded: too many requests or prompt tokens waiting; see Retry-After")}
+                     429: error("overloaded: too many requests or prompt tokens waiting; see Retry-After"),
+                     500: error("the engine failed this request; error.code names the cause"),
+                     503: error("the engine cannot take requests now, or failed this one and recovers by itself; "
+                                "see Retry-After")}
+HEALTH = {200: {"description": "every component is up"},
+          503: {"description": "a component is down (or, for /ready, new requests would be refused)", "content": {
+              "application/json": {"schema": {
+                  "type": "object", "required": ["status", "model", "reasons"],
+                  "properties": {"status": {"const": "unavailable"}, "model": {"type": "string"},
+                                 "reasons": {"type": "object", "additionalProperties": {"type": "string"}}}}}}}}
 STREAMING = {200: {"description": "the completion; with stream=true, server-sent events",
                    "content": {"application/json": {}, "text/event-stream": {}}}}
 

@@ -18,10 +18,12 @@ from engine.admission import Admission, AdmissionLimits
 from engine.api import create_app
 from engine.ep import ExpertParallelError
 from engine.factory import build_engine
+from engine.health import Health
 from engine.live import LiveTelemetry
 from engine.loadgen import load_phases, run_forever
 from engine.metrics import EngineMetrics
 from engine.model_spec import ModelFolderError
+from engine.respawn import expert_parallel_recovery
 from engine.service import EngineService
 from engine.serving_metrics import ServingLimitsCollector
 from engine.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
@@ -85,11 +87,17 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"governor serve: {error}", file=sys.stderr)
         return 2
     metrics.watch_load(lambda: len(engine.scheduler.running), lambda: len(engine.scheduler.waiting))
-    service = EngineService(engine, admission=Admission(AdmissionLimits(
-        settings.max_waiting_requests, settings.max_waiting_tokens, settings.retry_after_seconds)))
+    recovery = expert_parallel_recovery(engine, models.target_loader, settings.ep, settings.limits(),
+                                        settings.redundant_experts) if engine.ep is not None else None
+    admission = Admission(AdmissionLimits(settings.max_waiting_requests, settings.max_waiting_tokens,
+                                          settings.retry_after_seconds))
+    # a service that gives up stops the server, which then exits non-zero (server is bound below, before any start)
+    service = EngineService(engine, admission=admission, recovery=recovery,
+                            on_fatal=lambda _: setattr(server, "should_exit", True))
     metrics.registry.register(ServingLimitsCollector(models.name, service.admission, engine.allocator, {
         "max_body_bytes": settings.max_body_bytes, "max_prompt_chars": settings.max_prompt_chars,
         "max_sse_clients": settings.max_sse_clients, "max_num_seqs": settings.max_num_seqs}))
+    health = Health()
     plane = None
     if policy is not None:
         try:
@@ -101,9 +109,11 @@ def run_serve(args: argparse.Namespace) -> int:
             engine.close()
             print(f"governor serve: --db: {error}", file=sys.stderr)
             return 2
+        health.add("controller", plane.controller.fault)
+        health.add("store", plane.controller.store.fault)
     app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens, metrics, tracer,
-                     admin_router=plane.router if plane else None, max_body_bytes=settings.max_body_bytes,
-                     max_prompt_chars=settings.max_prompt_chars)
+                     admin_router=plane.router if plane else None, health=health,
+                     max_body_bytes=settings.max_body_bytes, max_prompt_chars=settings.max_prompt_chars)
     app.include_router(create_dashboard_router(live, lambda: engine.config, plane.controller if plane else None,
                                                max_clients=settings.max_sse_clients,
                                                on_refuse=lambda: service.admission.refusals.count("sse_clients")))
@@ -127,7 +137,16 @@ def run_serve(args: argparse.Namespace) -> int:
 
     app.router.lifespan_context = lifespan
     # an open dashboard holds an endless event stream: cut it after a short grace instead of waiting for the tab
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=3)
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                           timeout_graceful_shutdown=3))
+    with contextlib.suppress(KeyboardInterrupt):    # uvicorn re-raises the Ctrl-C it shut down on, as uvicorn.run
+        server.run()
+    if not server.started:
+        print(f"governor serve: the HTTP server did not start on {settings.host}:{settings.port}", file=sys.stderr)
+        return 1
+    if service.fatal is not None:
+        print(f"governor serve: {service.fatal}", file=sys.stderr)
+        return 1
     return 0
 
 

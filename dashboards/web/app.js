@@ -106,8 +106,8 @@ function drawState(state) {
     [v.reason]], "no config versions");
   fillTable("decisions", state.decisions, (d) => [[d.id, "num"], [time(d.at), "num"], [d.action], [d.reason],
     [gain(d.predicted_gain), "num"], [gain(d.measured_gain), "num"], [d.config_version ?? "", "num"]], "no decisions");
-  fillTable("alerts", state.alerts, (a) => [[time(a.received_at), "num"], [a.name], [a.status, a.status], [a.action]],
-    "no alerts received");
+  fillTable("alerts", state.alerts, (a) => [[time(a.received_at), "num"], [a.name], [a.status, a.status], [a.action],
+    [a.outcome ?? "not acted on yet"]], "no alerts received");
   const select = $("policy-select");
   if (select.options.length !== state.policies.length) {
     select.replaceChildren(...state.policies.map((name) => new Option(name, name)));

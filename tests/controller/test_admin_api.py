@@ -139,10 +139,19 @@ def test_served_app_documents_the_controllers_routes(api):
         assert method in paths[path], (path, method)
 
 
-def test_without_a_controller_the_engine_serves_its_own_seam(moe_models):
+def test_without_a_controller_the_engine_serves_its_own_seam_and_reads_destroy_nothing(moe_models):
     service = EngineService(make_engine(moe_models, EngineConfig(draft_len=3)))
+    completion = {"model": "governor-moe", "prompt": "def f(x):\n", "max_tokens": 8, "ignore_eos": True}
     with serving(service, None) as url:
-        assert httpx.get(f"{url}/admin/window").status_code == 200      # a fresh snapshot, for a remote controller
+        assert httpx.get(f"{url}/admin/window").status_code == 404      # as with a controller: none closed yet
+        assert httpx.get(f"{url}/admin/window?reader=dashboard").json()["emitted_tokens"] == 0   # a new reader
+        assert httpx.post(f"{url}/v1/completions", json=completion, timeout=60).status_code == 200
+        assert httpx.get(f"{url}/admin/window?reader=dashboard").json()["emitted_tokens"] == 8   # another reader's
+        closed = httpx.get(f"{url}/admin/window?reader=controller").json()                       # the controller's
+        assert closed["emitted_tokens"] == 8
+        assert httpx.get(f"{url}/admin/window").json() == httpx.get(f"{url}/admin/window").json() == closed
+        assert httpx.get(f"{url}/admin/window?reader=controller").json()["emitted_tokens"] == 0
+        assert httpx.get(f"{url}/admin/window?reader=no%20spaces").json()["error"]["param"] == "reader"
         assert "/admin/decisions" not in httpx.get(f"{url}/openapi.json").json()["paths"]
 
 

@@ -133,6 +133,7 @@ def test_policy_overrides_the_alerts_action_by_name(served):
 
 def test_disable_speculation_pins_plain_decoding_until_the_alert_resolves(served):
     context, controller = served()
+    good = controller.last_known_good
     with context as url:
         httpx.post(f"{url}/alerts", json=_payload(action="disable_speculation", fingerprint="f00d"), headers=AUTH)
         assert httpx.get(f"{url}/admin/config").json()["spec_method"] == "off"
@@ -140,7 +141,8 @@ def test_disable_speculation_pins_plain_decoding_until_the_alert_resolves(served
         httpx.post(f"{url}/alerts", json=_payload(status="resolved", action="disable_speculation",
                                                   fingerprint="f00d"), headers=AUTH)
         state = httpx.get(f"{url}/admin/controller").json()
-    assert state["pin"] is None and state["config"]["spec_method"] == "off"
+    # an alert's pin is never judged: its release brings the last known good back instead of adopting it
+    assert state["pin"] is None and state["config"] == state["last_known_good"] == good.model_dump()
     assert controller.store.count(Decision, action="release") == 1
 
 
@@ -150,7 +152,7 @@ def test_builtin_slo_evaluator_raises_one_rollback_alert_while_the_slo_is_broken
     engine, controller = build(fast_policy(slo={"inter_token_p99_seconds": 1e-6}, trial={"min_predicted_gain": 100.0}))
     AlertIntake(controller)
     with ClosedLoopTraffic(engine, prompts, concurrency=4):
-        engine.snapshot()
+        controller.client.snapshot()
         for _ in range(3):
             time.sleep(controller.policy.window.seconds)
             controller.tick()

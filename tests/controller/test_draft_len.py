@@ -39,7 +39,7 @@ def test_rule_policy_reaches_the_sweeps_best_k(build, prompts):
         sweep, band = _sweep(engine)
         engine.apply(controller.current)
         time.sleep(0.3)
-        engine.snapshot()
+        controller.client.snapshot()   # the controller starts from a fresh window
         for _ in range(12):
             time.sleep(WINDOW_SECONDS)
             controller.tick()

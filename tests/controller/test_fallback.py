@@ -14,7 +14,7 @@ WINDOWS = 10
 
 def _run(engine, controller, prompts, windows=WINDOWS):
     with ClosedLoopTraffic(engine, prompts, concurrency=4):
-        engine.snapshot()
+        controller.client.snapshot()
         for _ in range(windows):
             time.sleep(controller.policy.window.seconds)
             controller.tick()
@@ -60,7 +60,7 @@ MAX_WINDOWS_PER_PHASE = 16
 
 def _run_until(engine, controller, prompts, params, action):
     with ClosedLoopTraffic(engine, prompts, concurrency=4, params=params):
-        engine.snapshot()
+        controller.client.snapshot()
         for _ in range(MAX_WINDOWS_PER_PHASE):
             time.sleep(controller.policy.window.seconds)
             controller.tick()

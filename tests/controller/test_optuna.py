@@ -18,7 +18,7 @@ def _optuna_policy(budget: int, **sections) -> dict:
 
 def _tick_until(engine, controller, prompts, done, max_ticks=30):
     with ClosedLoopTraffic(engine, prompts):
-        engine.snapshot()
+        controller.client.snapshot()
         for _ in range(max_ticks):
             if done():
                 return

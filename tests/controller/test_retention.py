@@ -3,7 +3,7 @@ history that last-known-good, a pin and rollback need stays, and rollback still 
 import datetime as dt
 
 from controller.retention import RetentionSweeper
-from controller.store import ConfigVersion, Decision, Pin, Rollback, Trial
+from controller.store import SETTLED, ConfigVersion, Decision, Pin, Rollback, Trial
 from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 
@@ -31,7 +31,7 @@ def test_a_sweep_past_everything_keeps_what_rollback_needs(build):
     assert store.count(Decision) == store.count(Trial) == store.count(Rollback) == 0
     assert {row["id"] for row in store.rows(ConfigVersion)} == {lkg, pinned}
     assert store.last_known_good().version == lkg and store.pin() == Pin(pinned, "operator", "hold k=5")
-    controller.rollback("after the sweep")
+    controller.rollback("operator rollback after the sweep", lift_pin=True)     # as POST /admin/rollback does
     assert engine.snapshot().config_version == lkg and controller.current == store.config(lkg)
 
 
@@ -51,3 +51,17 @@ def test_zero_days_keeps_everything(build):
     later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=365)
     assert RetentionSweeper(controller, days=0).sweep(now=later) == {}
     assert controller.store.count(Decision) == decisions
+
+
+def test_a_sweep_keeps_alert_outcomes_so_a_redelivery_still_acts_once(build):
+    _, controller = build(fast_policy(), k=1)
+    store = controller.store
+    alert = {"fingerprint": "f1", "starts_at": "2026-01-01T00:00:00Z", "status": "firing", "name": "SLO",
+             "action": "notify", "labels": {"alertname": "SLO"}, "annotations": {}, "source": "alertmanager"}
+    alert_id, _ = store.record_alert(**alert)
+    decision = controller.notify("alert SLO firing: notify", {}, alert=alert_id)
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=2)
+    assert RetentionSweeper(controller, days=1).sweep(now=later)["decisions"] > 0
+    assert store.count(Decision, id=decision) == 0
+    assert store.record_alert(**alert) == (alert_id, "acted") and "acted" in SETTLED
+    assert store.alerts()[0]["outcome"] == "acted" and store.alerts()[0]["decision_id"] is None

@@ -1,5 +1,5 @@
 """The store on a real SQLite file: versions with diffs, the last known good across reopenings, alert dedupe."""
-from controller.store import AlertRecord, ConfigVersion, Decision, Pin, Store
+from controller.store import AlertOutcome, AlertRecord, ConfigVersion, Decision, Pin, Store
 from seam import EngineConfig
 
 
@@ -28,11 +28,15 @@ def test_last_known_good_and_pin_survive_reopening(tmp_path):
     assert (decision["action"], decision["predicted_gain"], decision["measured_gain"]) == ("keep", 1.3, 1.2)
 
 
-def test_an_alert_notification_is_recorded_once(tmp_path):
+def test_an_alert_notification_is_recorded_once_and_its_outcome_with_its_decision(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'g.db'}")
     alert = dict(fingerprint="abc", starts_at="2026-01-01T00:00:00Z", name="HighLatency", action="rollback",
                  labels={"alertname": "HighLatency"}, annotations={}, source="alertmanager")
-    assert store.record_alert(status="firing", **alert)
-    assert not store.record_alert(status="firing", **alert)
-    assert store.record_alert(status="resolved", **alert)
-    assert store.count(AlertRecord) == 2
+    firing, outcome = store.record_alert(status="firing", **alert)
+    assert outcome is None
+    assert store.record_alert(status="firing", **alert) == (firing, None)      # recorded, never acted on
+    decision = store.record_decision("notify", "acted", settles_alert=firing)
+    assert store.record_alert(status="firing", **alert) == (firing, "acted")
+    assert store.rows(AlertOutcome)[0]["decision_id"] == decision
+    resolved, _ = store.record_alert(status="resolved", **alert)
+    assert resolved != firing and store.count(AlertRecord) == 2

@@ -2,13 +2,10 @@
 by the PID that was started. Every wait is bounded; a timeout fails with the server's log."""
 from __future__ import annotations
 
-import json
 import shutil
 import socket
 import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -63,31 +60,3 @@ class Server:
                 self.process.kill()
                 self.process.wait(timeout=timeout)
         self._log.close()
-
-
-class WebhookReceiver:
-    """A loopback HTTP server recording every POST: (path, headers, JSON body)."""
-
-    def __init__(self):
-        self.posts: list[tuple[str, dict, dict]] = []
-        received = self.posts
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("content-length", 0)))
-                received.append((self.path, dict(self.headers), json.loads(body)))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)

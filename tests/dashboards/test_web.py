@@ -168,6 +168,7 @@ def test_alerts_show_their_state(page, served):
     expect(page.locator("#alerts tbody tr")).to_have_count(2)
     expect(page.locator("#alerts tbody tr").last).to_contain_text("GovernorWebTest")
     expect(page.locator("#alerts tbody td.firing")).to_have_text("firing")
+    expect(page.locator("#alerts tbody tr").last).to_contain_text("acted")      # the notify decision was recorded
 
 
 CONTRAST = """() => {

@@ -1,4 +1,6 @@
-"""Drive an Engine to completion in tests."""
+"""Drive an Engine to completion in tests; read a Prometheus exposition."""
+from prometheus_client.parser import text_string_to_metric_families
+
 from engine.engine import Engine
 from engine.limits import EngineLimits
 from seam import EngineConfig, SamplingParams
@@ -27,3 +29,12 @@ def code_prompts(tokenizer, n: int, max_bytes: int = 200, seed: int = 0) -> list
     from engine.loadgen import prompt_set
 
     return [tokenizer.encode(p.text) for p in prompt_set("code", n, seed=seed, max_bytes=max_bytes)]
+
+
+def metric_value(exposition: str, name: str, **labels: str) -> float | None:
+    """The value of the sample name{labels} in a Prometheus text exposition, or None if there is none."""
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return None

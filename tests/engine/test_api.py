@@ -73,12 +73,12 @@ def test_seeded_sampling_repeats(client):
     ({"prompt": "x", "model": "gpt-4"}, "model"),
 ])
 def test_malformed_completion_bodies_get_a_4xx_naming_the_field(server, body, field):
-    httpx.get(f"{server[0]}/admin/window")
+    httpx.get(f"{server[0]}/admin/window?reader=test")
     reply = httpx.post(f"{server[0]}/v1/completions", json={"model": "governor-moe", **body})
     assert 400 <= reply.status_code < 500
     assert reply.json()["error"]["param"] == field
     assert field in reply.json()["error"]["message"]
-    assert httpx.get(f"{server[0]}/admin/window").json()["steps"] == 0
+    assert httpx.get(f"{server[0]}/admin/window?reader=test").json()["steps"] == 0
 
 
 def test_chat_with_an_unknown_role_is_refused(server):

@@ -19,21 +19,21 @@ def test_greedy_verification_matches_rejection_sampling_on_one_hot_rows():
         sampling = [Scheduled(Sequence(f"{trial}-{i}", [1], GREEDY), 1, c) for i, c in enumerate(counts)]
         logits = torch.randint(0, 3, (sum(counts) + len(counts), vocab), generator=generator).float()  # ties
         best = logits.argmax(dim=-1)
-        draft_lists, starts, row = {}, [], 0
+        starts, row = [], 0
         for item, count in zip(sampling, counts):
             # drafts that mostly agree with the target, so acceptance runs of every length occur
             drafts = [int(best[row + j]) if torch.rand(1, generator=generator) < 0.7 else
                       int(torch.randint(0, vocab, (1,), generator=generator)) for j in range(count)]
-            if drafts:
-                draft_lists[id(item)] = drafts
+            item.proposed = drafts
             starts.append(row)
             row += count + 1
 
-        got = Engine._verify_greedy(sampling, draft_lists, logits)
+        Engine._verify_greedy(sampling, logits)
+        got = ([item.accepted for item in sampling], [item.next_token for item in sampling])
 
         probs = probs_from_logits(logits, torch.zeros(len(logits)), torch.ones(len(logits)))
         rows = torch.tensor([[s + min(j, c) for j in range(k + 1)] for s, c in zip(starts, counts)])
-        tokens = torch.tensor([draft_lists.get(id(item), []) + [0] * (k - c) for item, c in zip(sampling, counts)])
+        tokens = torch.tensor([item.proposed + [0] * (k - c) for item, c in zip(sampling, counts)])
         accepted, next_token = verify_drafts(tokens, torch.tensor(counts), None, probs[rows],
                                              torch.zeros(len(counts), k), torch.zeros(len(counts)))
         assert got == (accepted.tolist(), next_token.tolist())

@@ -1,6 +1,7 @@
 """The paged KV cache: block allocation, rollback of rejected drafts without copying, blocks back in the pool."""
 import pytest
 
+from engine.engine import Failure
 from engine.kv_cache import BlockAllocator, OutOfBlocks
 from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import GREEDY, code_prompts, make_engine
@@ -23,6 +24,16 @@ def test_grow_beyond_the_pool_raises_and_changes_nothing():
     with pytest.raises(OutOfBlocks):
         allocator.grow(table, 100)
     assert table == [0] and allocator.num_free == 2
+
+
+def test_can_grow_says_whether_grow_would_succeed():
+    allocator = BlockAllocator(num_blocks=4, block_size=16)
+    table: list[int] = []
+    assert allocator.can_grow(table, 64) and not allocator.can_grow(table, 65)
+    allocator.grow(table, 40)
+    assert allocator.num_free == 1
+    assert allocator.can_grow(table, 64) and not allocator.can_grow(table, 65)
+    assert len(table) == 3 and allocator.num_free == 1   # asking took nothing
 
 
 def test_rejected_drafts_roll_back_by_position_only(moe_models):
@@ -52,7 +63,7 @@ def test_every_block_returns_after_finishes_cancellations_and_failures(moe_model
     assert not engine.abort("no-such-request")
     for _ in range(2):
         engine.step()
-    engine.fail_all()
+    engine.fail_all(Failure("test", "every request ends"))
     assert not engine.has_work
     assert engine.allocator.num_free == engine.allocator.num_blocks
     for i, prompt in enumerate(prompts[:4]):

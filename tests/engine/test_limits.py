@@ -95,12 +95,13 @@ def test_a_streamed_body_over_the_limit_gets_413(server):
 
 
 def test_a_prompt_over_the_character_limit_gets_400_before_tokenizing(server):
+    httpx.get(f"{server[0]}/admin/window?reader=test")          # opens this test's own window
     reply = httpx.post(f"{server[0]}/v1/chat/completions", json={"model": MODEL, "messages": [
         {"role": "user", "content": "x" * 200}, {"role": "user", "content": "y" * 200}]})
     assert str(MAX_CHARS) in _assert_openai_error(reply, 400, "messages")["message"]
     reply = httpx.post(f"{server[0]}/v1/completions", json={"model": MODEL, "prompt": "x" * (MAX_CHARS + 1)})
     _assert_openai_error(reply, 400, "prompt")
-    assert httpx.get(f"{server[0]}/admin/window").json()["steps"] == 0
+    assert httpx.get(f"{server[0]}/admin/window?reader=test").json()["steps"] == 0
 
 
 def test_the_schema_declares_the_bounds_it_enforces(server):

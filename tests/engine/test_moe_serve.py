@@ -21,7 +21,7 @@ def test_serve_with_two_ranks_measures_the_communication_share():
                                                           "max_tokens": 8, "temperature": 0, "ignore_eos": True},
                            timeout=60)
         assert reply.json()["usage"]["completion_tokens"] == 8
-        window = httpx.get(f"{url}/admin/window").json()  # the engine's own seam: no controller took the window
+        window = httpx.get(f"{url}/admin/window?reader=controller").json()  # the seam a remote controller reads
         assert window["all_to_all_seconds"] > 0 and 0 < window["comm_share"] < 1
         assert [len(row) for row in window["rank_tokens"]] == [2] * 4
         children = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True,
