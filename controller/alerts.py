@@ -10,29 +10,46 @@ owner decides what runs; a resolved alert releases only the pin it owns."""
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema,
+                      field_validator)
 
 from controller.clients import EngineClientError
 from controller.loop import Controller, PinHeld
 from controller.store import SETTLED
+from engine.api_schema import Text, no_lone_surrogates
 from policies import AlertAction
 
 ACTIONS: tuple[str, ...] = AlertAction.__args__
 BUILTIN_ALERT = "GovernorSLOBreach"
+MAX_LABELS = 64
+
+
+def _bounded(max_length: int):
+    return Annotated[str, StringConstraints(max_length=max_length), AfterValidator(no_lone_surrogates)]
+
+
+LabelName = Annotated[str, StringConstraints(min_length=1, max_length=128), AfterValidator(no_lone_surrogates)]
+Labels = Annotated[dict[LabelName, _bounded(1024)], Field(max_length=MAX_LABELS)]
+Annotations = Annotated[dict[LabelName, _bounded(8192)], Field(max_length=MAX_LABELS)]
+_LABEL_VALUE = {"type": "string", "maxLength": 1024}
+AlertLabels = Annotated[Labels, WithJsonSchema({
+    "type": "object", "maxProperties": MAX_LABELS, "propertyNames": {"minLength": 1, "maxLength": 128},
+    "additionalProperties": _LABEL_VALUE, "required": ["alertname"],
+    "properties": {"alertname": {**_LABEL_VALUE, "minLength": 1}, "governor_action": {"enum": list(ACTIONS)}}})]
 
 
 class Alert(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     status: Literal["firing", "resolved"]
-    labels: dict[str, str]
-    annotations: dict[str, str] = Field(default_factory=dict)
-    startsAt: str = Field(min_length=1)
-    endsAt: str | None = None
-    generatorURL: str = ""
-    fingerprint: str = Field(min_length=1, max_length=128)
+    labels: AlertLabels
+    annotations: Annotations = Field(default_factory=dict)
+    startsAt: _bounded(64) = Field(min_length=1)
+    endsAt: _bounded(64) | None = None
+    generatorURL: _bounded(2048) = ""
+    fingerprint: _bounded(128) = Field(min_length=1)
 
     @field_validator("labels")
     @classmethod
@@ -46,18 +63,18 @@ class Alert(BaseModel):
 
 
 class AlertmanagerPayload(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     version: Literal["4"]
-    groupKey: str
+    groupKey: Text
     truncatedAlerts: int = Field(0, ge=0)
     status: Literal["firing", "resolved"]
-    receiver: str
-    groupLabels: dict[str, str] = Field(default_factory=dict)
-    commonLabels: dict[str, str] = Field(default_factory=dict)
-    commonAnnotations: dict[str, str] = Field(default_factory=dict)
-    externalURL: str = ""
-    alerts: list[Alert] = Field(min_length=1)
+    receiver: Text
+    groupLabels: Labels = Field(default_factory=dict)
+    commonLabels: Labels = Field(default_factory=dict)
+    commonAnnotations: Annotations = Field(default_factory=dict)
+    externalURL: Text = ""
+    alerts: list[Alert] = Field(min_length=1, max_length=1000)
 
 
 class AlertIntake:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, UniqueConstraint, create_engine, \
-    event, select
+    delete, event, func, or_, select, update
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -285,6 +285,41 @@ class Store:
         """Record an alert outcome that has no decision of its own (skipped without effect, or failed)."""
         with Session(self.engine) as session, session.begin():
             _put_outcome(session, alert_id, outcome, detail, None)
+
+    # -- retention ---------------------------------------------------------------------------------------------
+
+    def prune(self, before: dt.datetime, keep_versions: set[int] = frozenset()) -> dict[str, int]:
+        """Delete decisions, rollbacks and finished trials recorded before `before`, then config versions that are
+        older and nothing left refers to. Never deleted: the last-known-good, the pinned and the newest version,
+        keep_versions (e.g. the config in use), and alerts and their outcomes (they make a redelivery act only
+        once; an outcome loses the link to a pruned decision).
+        Returns the rows deleted per table."""
+        with Session(self.engine) as session, session.begin():
+            old_decisions = select(Decision.id).where(Decision.at < before)
+            session.execute(update(AlertOutcome).where(AlertOutcome.decision_id.in_(old_decisions))
+                            .values(decision_id=None))
+            rollbacks = session.execute(delete(Rollback).where(
+                or_(Rollback.at < before, Rollback.decision_id.in_(old_decisions)))).rowcount
+            decisions = session.execute(delete(Decision).where(Decision.at < before)).rowcount
+            trials = session.execute(delete(Trial).where(
+                Trial.started_at < before, Trial.outcome != "running",
+                Trial.id.not_in(select(Decision.trial_id).where(Decision.trial_id.is_not(None))))).rowcount
+            keep = set(keep_versions) | self._held_versions(session)
+            newest = session.scalar(select(func.max(ConfigVersion.id)))
+            referenced = [select(column).where(column.is_not(None)) for column in (
+                Decision.config_version, Trial.config_version, Trial.baseline_version, Rollback.from_version,
+                Rollback.to_version)]
+            query = delete(ConfigVersion).where(ConfigVersion.at < before, ConfigVersion.id.not_in(keep | {newest}))
+            for refs in referenced:
+                query = query.where(ConfigVersion.id.not_in(refs))
+            versions = session.execute(query).rowcount
+        return {"decisions": decisions, "rollbacks": rollbacks, "trials": trials, "config_versions": versions}
+
+    @staticmethod
+    def _held_versions(session: Session) -> set[int]:
+        """The versions the last-known-good and the pin name."""
+        lkg, pin = session.get(StateEntry, "last_known_good"), session.get(StateEntry, "pin")
+        return {version for version in (lkg and lkg.value["version"], pin and pin.value["config_version"]) if version}
 
     # -- reads -------------------------------------------------------------------------------------------------
 

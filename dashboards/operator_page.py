@@ -4,8 +4,7 @@ alerts. Operator actions go from the page straight to the token-guarded admin AP
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -13,6 +12,8 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import FileResponse, HTMLResponse, StreamingResponse
 
 from controller.loop import Controller
+from dashboards.broadcast import Broadcast
+from engine.api_common import APIError
 from engine.live import LiveTelemetry
 from policies import shipped_policies
 from seam import EngineConfig
@@ -23,12 +24,16 @@ ASSETS = {"app.js": PAGE / "app.js", "app.css": PAGE / "app.css",
 PUSH_SECONDS = 1.0
 SERIES_SECONDS = 120
 ROWS = 50
+MAX_CLIENTS = 32
 
 
 def create_dashboard_router(live: LiveTelemetry, config: Callable[[], EngineConfig],
-                            controller: Controller | None = None) -> APIRouter:
-    """config: the engine's config in use (read when there is no controller)."""
+                            controller: Controller | None = None, max_clients: int = MAX_CLIENTS,
+                            on_refuse: Callable[[], None] = lambda: None) -> APIRouter:
+    """config: the engine's config in use (read when there is no controller). At most max_clients event streams
+    are open at once (one more gets 429, and on_refuse() counts it); all of them share one payload per second."""
     router = APIRouter()
+    broadcast = Broadcast(lambda: dashboard_state(live, config, controller), max_clients, PUSH_SECONDS)
 
     @router.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page():
@@ -42,21 +47,18 @@ def create_dashboard_router(live: LiveTelemetry, config: Callable[[], EngineConf
 
     @router.get("/dashboard/state")
     async def state():
-        return dashboard_state(live, config, controller)
+        return await asyncio.to_thread(dashboard_state, live, config, controller)
 
     @router.get("/dashboard/stream", include_in_schema=False)
     async def stream():
-        return StreamingResponse(_events(live, config, controller), media_type="text/event-stream",
+        if broadcast.full:
+            on_refuse()
+            raise APIError(429, f"{max_clients} dashboard streams are open already (GOVERNOR_MAX_SSE_CLIENTS)",
+                           kind="rate_limit_error", code="sse_clients", headers={"Retry-After": "5"})
+        return StreamingResponse(broadcast.events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store"})
 
     return router
-
-
-async def _events(live: LiveTelemetry, config, controller) -> AsyncIterator[str]:
-    while True:
-        payload = await asyncio.to_thread(dashboard_state, live, config, controller)
-        yield f"data: {json.dumps(payload)}\n\n"
-        await asyncio.sleep(PUSH_SECONDS)
 
 
 def dashboard_state(live: LiveTelemetry, config: Callable[[], EngineConfig], controller: Controller | None) -> dict:

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API plus the engine's side of the seam (/admin/window, /admin/config)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -11,12 +12,18 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from engine.abandon import whole_unless_abandoned
+from engine.admission import Overloaded
 from engine.api_common import APIError, bearer_guard, install_error_handlers, invalid_body
-from engine.api_schema import ChatCompletionRequest, CompletionRequest
+from engine.api_schema import served_requests
+from engine.edge import install_edge
 from engine.engine import Emission, Failure, RequestError
 from engine.health import Health, UpCollector
 from engine.metrics import CONTENT_TYPE, EngineMetrics
+from engine.openapi import (ERRORS, GENERATION_ERRORS, HEALTH, STREAMING, allowed_methods, error, exact_openapi,
+                            json_body)
 from engine.service import RETRY_AFTER_SECONDS, EngineService, Unavailable
+from engine.tokenizer import ChatTemplateError
 from engine.tracing import traced_request
 from seam import EngineConfig, Experiment
 
@@ -40,16 +47,28 @@ def _unavailable_error(refusal: Unavailable) -> APIError:
                     code="engine_unavailable", headers=headers)
 
 
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+DEFAULT_MAX_PROMPT_CHARS = 1 << 17
+
+
 def create_app(service: EngineService, model_name: str, admin_token: str | None,
                default_max_tokens: int = 16, metrics: EngineMetrics | None = None,
                tracer: Tracer | None = None, admin_router: APIRouter | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
                health: Health | None = None) -> FastAPI:
     """metrics: serve them at /metrics; tracer: one span per request (None: tracing off, nothing is made).
     With admin_router (a controller's), that router owns /admin/* and /alerts; without it, the engine serves its
-    own side of the seam (GET /admin/window, GET/PUT /admin/config) for a remote controller.
-    health: the components beside the engine (controller, store) whose faults /health and /ready report."""
+    own side of the seam (GET /admin/window, GET/PUT /admin/config, POST /admin/config/check) for a remote
+    controller. A body over max_bytes gets 413 unread; a prompt over max_prompt_chars characters gets 400
+    untokenized. health: the components beside the engine (controller, store) whose faults /health and /ready
+    report."""
     app = FastAPI(title="Governor", version="0.1.0")
     engine, tokenizer = service.engine, service.engine.tokenizer
+    refusals = service.admission.refusals
+    install_edge(app, service.admission, admin_token, max_body_bytes, GENERATION_PATHS, lambda: allowed_methods(app))
+    app.openapi = exact_openapi(app)
+    CompletionRequest, ChatCompletionRequest = served_requests(model_name, max_prompt_chars, engine.max_model_len)
     health = health or Health()
     health.add("engine", service.fault)
     if engine.ep is not None:
@@ -57,7 +76,7 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
     if metrics is not None:
         metrics.registry.register(UpCollector(health, model_name))
 
-    install_error_handlers(app)
+    install_error_handlers(app, refusals)
 
     def check_model(name: str) -> None:
         if name != model_name:
@@ -70,13 +89,13 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
                                                           "reasons": problems})
         return {"status": "ok", "model": model_name}
 
-    @app.get("/health")
+    @app.get("/health", responses=HEALTH)
     def liveness():
         """503 with the reasons while any component is down (a dead engine thread or rank, a stalled engine, a
         dead controller thread, a store that cannot be written). Not async: a probe may wait on the store."""
         return health_reply(health.problems())
 
-    @app.get("/ready")
+    @app.get("/ready", responses=HEALTH)
     def readiness():
         """As /health, and 503 while new requests would be refused (e.g. during a respawn)."""
         problems = health.problems()
@@ -89,19 +108,36 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "governor"}]}
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    def check_prompt(body, field: str) -> None:
         check_model(body.model)
-        return await _serve(body, tokenizer.encode(body.prompt), chat=False)
+        if body.prompt_chars > max_prompt_chars:
+            refusals.count("prompt_too_long")
+            raise APIError(400, f"{field}: {body.prompt_chars} characters in all, at most {max_prompt_chars} are "
+                           "served (GOVERNOR_MAX_PROMPT_CHARS)", field)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest):
-        check_model(body.model)
-        prompt = tokenizer.render_chat([m.model_dump() for m in body.messages])
-        return await _serve(body, tokenizer.encode(prompt), chat=True)
+    def render_and_encode(messages: list[dict]) -> list[int]:
+        try:
+            return tokenizer.encode(tokenizer.render_chat(messages))
+        except ChatTemplateError as error:
+            raise APIError(400, f"messages: the model's chat template refused them: {error}", "messages") from error
+
+    async def completions(body, request: Request):
+        check_prompt(body, "prompt")
+        return await _serve(request, body, await asyncio.to_thread(tokenizer.encode, body.prompt), chat=False)
+
+    async def chat_completions(body, request: Request):
+        check_prompt(body, "messages")
+        prompt_ids = await asyncio.to_thread(render_and_encode, [m.model_dump() for m in body.messages])
+        return await _serve(request, body, prompt_ids, chat=True)
+
+    # the bodies' classes are made per app (they carry its bounds), so they are annotated here, not by name
+    for path, endpoint, body_class in (("/v1/completions", completions, CompletionRequest),
+                                       ("/v1/chat/completions", chat_completions, ChatCompletionRequest)):
+        endpoint.__annotations__["body"] = body_class
+        app.post(path, responses={**GENERATION_ERRORS, **STREAMING})(endpoint)
 
     if metrics is not None:
-        @app.get("/metrics", response_class=Response)
+        @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
         async def prometheus_metrics():
             return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
@@ -114,24 +150,26 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
         if metrics is not None:
             metrics.request_failed(cause)
 
-    async def _serve(body, prompt_ids: list[int], chat: bool):
+    async def _serve(request: Request, body, prompt_ids: list[int], chat: bool):
         params = body.sampling_params(default_max_tokens)
         try:
-            engine.check_request(prompt_ids, params)
+            submission = service.submit(prompt_ids, params)
         except RequestError as error:
             raise APIError(400, str(error), error.field) from error
-        refusal = service.unavailable()
-        if refusal is not None:
+        except Overloaded as error:
+            raise APIError(429, str(error), kind="rate_limit_error", code=error.reason,
+                           headers={"Retry-After": str(error.retry_after_seconds)}) from error
+        except Unavailable as refusal:
             count_failure("engine_unavailable")
-            raise _unavailable_error(refusal)
-        stream = service.generate(prompt_ids, params)
+            raise _unavailable_error(refusal) from refusal
+        stream = submission.emissions()
         reply = _Reply(model_name, chat, count_failure)
         if tracer is not None:
             stream = traced_request(tracer, stream, chat=chat, model=model_name, response_id=reply.id, params=params,
                                     prompt_tokens=len(prompt_ids))
         if body.stream:
             return StreamingResponse(reply.sse(stream, body.include_usage), media_type="text/event-stream")
-        return await reply.whole(stream)
+        return await whole_unless_abandoned(request, reply.whole(stream), submission)
 
     return app
 
@@ -139,7 +177,7 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
 def _add_engine_admin(app: FastAPI, engine, admin_token: str | None) -> None:
     closed: dict[str, dict] = {}      # the latest window closed for the controller reader
 
-    @app.get("/admin/window")
+    @app.get("/admin/window", responses={404: error("no controller has closed a window yet (without reader)")})
     async def window(reader: str | None = Query(None, pattern=READER_PATTERN)):
         """With reader: close that reader's window and return it (each reader has its own; `controller` is the
         remote controller's). Without: the controller's latest closed window, read without changing anything."""
@@ -156,7 +194,8 @@ def _add_engine_admin(app: FastAPI, engine, admin_token: str | None) -> None:
     async def get_config():
         return engine.desired_config.model_dump()
 
-    @app.post("/admin/config/check", dependencies=[Depends(bearer_guard(admin_token))])
+    @app.post("/admin/config/check", dependencies=[Depends(bearer_guard(admin_token))],
+              openapi_extra=json_body(EngineConfig), responses=ERRORS)
     async def check_config(request: Request):
         """Validate a config against this engine without applying it (a controller checks before it writes)."""
         config = _parsed(await request.body(), EngineConfig)
@@ -174,12 +213,14 @@ def _add_engine_admin(app: FastAPI, engine, admin_token: str | None) -> None:
             raise APIError(400, str(error), error.field) from error
         return change.model_dump()
 
-    @app.put("/admin/config", dependencies=[Depends(bearer_guard(admin_token))])
+    @app.put("/admin/config", dependencies=[Depends(bearer_guard(admin_token))], openapi_extra=json_body(EngineConfig),
+             responses=ERRORS)
     async def put_config(request: Request):
         """Take a config into use; ends a running experiment."""
         return await apply(request, EngineConfig)
 
-    @app.put("/admin/experiment", dependencies=[Depends(bearer_guard(admin_token))])
+    @app.put("/admin/experiment", dependencies=[Depends(bearer_guard(admin_token))],
+             openapi_extra=json_body(Experiment), responses=ERRORS)
     async def put_experiment(request: Request):
         """Alternate two configs in blocks of steps (a switchback trial) until the next PUT /admin/config."""
         return await apply(request, Experiment)
@@ -187,7 +228,7 @@ def _add_engine_admin(app: FastAPI, engine, admin_token: str | None) -> None:
 
 def _parsed(body: bytes, kind: type[EngineConfig] | type[Experiment]) -> EngineConfig | Experiment:
     try:
-        return kind.model_validate_json(body)
+        return kind.model_validate_json(body, strict=True)
     except ValidationError as error:
         raise invalid_body(error) from error
 
@@ -211,15 +252,11 @@ class _Reply:
 
     async def whole(self, stream: AsyncIterator[Emission]) -> dict:
         text, last = [], None
-        try:
-            async for last in stream:
-                if last.failure is not None:
-                    self._count_failure(last.failure.cause)
-                    raise _server_error(last.failure)
-                text.append(last.text)
-        except Unavailable as refusal:
-            self._count_failure("engine_unavailable")
-            raise _unavailable_error(refusal) from refusal
+        async for last in stream:
+            if last.failure is not None:
+                self._count_failure(last.failure.cause)
+                raise _server_error(last.failure)
+            text.append(last.text)
         content = "".join(text)
         choice = ({"index": 0, "message": {"role": "assistant", "content": content}} if self.chat
                   else {"index": 0, "text": content, "logprobs": None})
@@ -230,20 +267,14 @@ class _Reply:
         if self.chat:
             yield self._event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
         last = None
-        try:
-            async for last in stream:
-                if last.failure is not None:
-                    self._count_failure(last.failure.cause)
-                    yield f"data: {json.dumps(_server_error(last.failure).body())}\n\n"
-                    return      # no [DONE]: the stream ends on the error
-                if last.text or last.finish_reason:
-                    delta = {"delta": {"content": last.text} if last.text else {}} if self.chat \
-                        else {"text": last.text}
-                    yield self._event([{"index": 0, **delta, "finish_reason": last.finish_reason}])
-        except Unavailable as refusal:
-            self._count_failure("engine_unavailable")
-            yield f"data: {json.dumps(_unavailable_error(refusal).body())}\n\n"
-            return
+        async for last in stream:
+            if last.failure is not None:
+                self._count_failure(last.failure.cause)
+                yield f"data: {json.dumps(_server_error(last.failure).body())}\n\n"
+                return      # no [DONE]: the stream ends on the error
+            if last.text or last.finish_reason:
+                delta = {"delta": {"content": last.text} if last.text else {}} if self.chat else {"text": last.text}
+                yield self._event([{"index": 0, **delta, "finish_reason": last.finish_reason}])
         if include_usage and last is not None:
             yield f"data: {json.dumps({**self._envelope([], chunk=True), 'usage': self._usage(last)})}\n\n"
         yield "data: [DONE]\n\n"

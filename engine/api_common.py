@@ -2,12 +2,15 @@
 the admin bearer-token guard."""
 from __future__ import annotations
 
-import secrets
-
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from engine.admission import Refusals
+from engine.edge import error_body, has_admin_token
 
 
 class APIError(Exception):
@@ -17,7 +20,7 @@ class APIError(Exception):
         self.code, self.headers = code, headers
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        return error_body(self.message, self.kind, self.param, self.code)
 
 
 def error_response(error: APIError) -> JSONResponse:
@@ -29,29 +32,38 @@ def field_of(loc: tuple) -> str:
 
 
 def invalid_body(error: ValidationError) -> APIError:
-    """A 400 naming the first field pydantic refused."""
+    """A 400 naming the first field pydantic refused ('body' when it is not JSON at all)."""
     first = error.errors()[0]
-    field = field_of(tuple(first["loc"])) or "body"
+    field = "body" if first["type"] == "json_invalid" else field_of(tuple(first["loc"])) or "body"
     return APIError(400, f"{field}: {first['msg']}", field)
 
 
 def bearer_guard(admin_token: str | None):
-    """A dependency that refuses (401) any request without the admin bearer token."""
-    def require_admin(request: Request) -> None:
-        supplied = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not admin_token or not secrets.compare_digest(supplied.encode(), admin_token.encode()):
+    """A dependency that refuses (401) any request without the admin bearer token (and declares it in OpenAPI)."""
+    scheme = HTTPBearer(auto_error=False, description="GOVERNOR_ADMIN_TOKEN")
+
+    def require_admin(credentials: HTTPAuthorizationCredentials | None = Depends(scheme)) -> None:
+        if credentials is None or not has_admin_token(credentials.credentials, admin_token):
             raise APIError(401, "a valid bearer token (GOVERNOR_ADMIN_TOKEN) is required", kind="authentication_error")
     return require_admin
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """APIError and request validation errors become OpenAI-style error bodies (400 names the field)."""
+def install_error_handlers(app: FastAPI, refusals: Refusals | None = None) -> None:
+    """APIError, request validation errors and Starlette's own HTTP errors (404, 405, bodies that are not UTF-8)
+    become OpenAI-style error bodies (400 names the field). refusals counts prompts refused for their length."""
     @app.exception_handler(APIError)
     async def _api_error(_: Request, error: APIError):
         return error_response(error)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_: Request, error: HTTPException):
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return error_response(APIError(error.status_code, str(error.detail), kind=kind, headers=error.headers))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, error: RequestValidationError):
         first = error.errors()[0]
         field = "body" if first["type"] == "json_invalid" else field_of(tuple(first["loc"])) or "body"
+        if refusals is not None and first["type"] == "string_too_long" and field.startswith(("prompt", "messages")):
+            refusals.count("prompt_too_long")
         return error_response(APIError(400, f"{field}: {first['msg']}", field))

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
+from engine.admission import Admission
 from engine.engine import Emission, Engine, Failure
 from engine.respawn import GroupRecovery, RespawnsExhausted
 from seam import SamplingParams
@@ -31,10 +32,36 @@ class Unavailable(RuntimeError):
         self.retry_after = retry_after
 
 
+class Submission:
+    """One request handed to the engine: its emissions, and cancel() for a caller that stops listening."""
+
+    def __init__(self, service: EngineService, request_id: str, inbox: asyncio.Queue):
+        self._service, self.request_id, self._inbox = service, request_id, inbox
+        self._done = False
+
+    async def emissions(self) -> AsyncIterator[Emission]:
+        """Leaving early (e.g. a client disconnect) cancels the request."""
+        try:
+            while not self._done:
+                emission = await self._inbox.get()
+                self._done = emission.finish_reason is not None
+                yield emission
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        """Abort the request unless it has finished; idempotent. Its KV blocks return to the pool."""
+        if not self._done:
+            self._done = True
+            self._service._cancel(self.request_id)
+
+
 class EngineService:
-    def __init__(self, engine: Engine, idle_wait_seconds: float = 0.05, recovery: GroupRecovery | None = None,
-                 on_fatal: Callable[[str], None] | None = None, stall_seconds: float = STALL_SECONDS):
+    def __init__(self, engine: Engine, idle_wait_seconds: float = 0.05, admission: Admission | None = None,
+                 recovery: GroupRecovery | None = None, on_fatal: Callable[[str], None] | None = None,
+                 stall_seconds: float = STALL_SECONDS):
         self.engine, self.recovery = engine, recovery
+        self.admission = admission or Admission()
         self._on_fatal = on_fatal or (lambda reason: None)
         self._idle_wait, self._stall_seconds = idle_wait_seconds, stall_seconds
         self._inbox: queue.Queue = queue.Queue()
@@ -76,27 +103,29 @@ class EngineService:
         self._stop.set()
         self._thread.join(timeout=30)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[Emission]:
-        """Stream a request's emissions; leaving early (e.g. a client disconnect) cancels it. Raises Unavailable
-        while the service cannot take requests."""
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Submission:
+        """Admit the request and queue it for the engine; raises RequestError, Unavailable (while the service
+        cannot take requests) or admission.Overloaded, queuing nothing. Call from the event loop that will read its
+        emissions."""
         self.engine.check_request(prompt_ids, params)
         refusal = self.unavailable()
         if refusal is not None:
             raise refusal
         request_id = uuid.uuid4().hex
+        self.admission.admit(request_id, len(prompt_ids))
         inbox: asyncio.Queue = asyncio.Queue()
         self._listeners[request_id] = (asyncio.get_running_loop(), inbox)
         self._inbox.put(("add", request_id, prompt_ids, params))
-        finished = False
-        try:
-            while not finished:
-                emission = await inbox.get()
-                finished = emission.finish_reason is not None
-                yield emission
-        finally:
-            self._listeners.pop(request_id, None)
-            if not finished:
-                self._inbox.put(("abort", request_id))
+        return Submission(self, request_id, inbox)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[Emission]:
+        """Stream a request's emissions; leaving early cancels it."""
+        async for emission in self.submit(prompt_ids, params).emissions():
+            yield emission
+
+    def _cancel(self, request_id: str) -> None:
+        self._listeners.pop(request_id, None)
+        self._inbox.put(("abort", request_id))
 
     def _run(self) -> None:
         try:
@@ -149,13 +178,20 @@ class EngineService:
     def _execute(self, command: tuple) -> None:
         if command[0] == "abort":
             self.engine.abort(command[1])
+            self.admission.started(command[1])
             return
         _, request_id, prompt_ids, params = command
         if request_id in self._listeners:
             self.engine.add_request(request_id, prompt_ids, params)
+        else:
+            self.admission.started(request_id)
 
     def _publish(self, emission: Emission) -> None:
-        listener = self._listeners.get(emission.request_id)
+        self.admission.started(emission.request_id)
+        if emission.finish_reason is not None:
+            listener = self._listeners.pop(emission.request_id, None)
+        else:
+            listener = self._listeners.get(emission.request_id)
         if listener is not None:
             loop, inbox = listener
             loop.call_soon_threadsafe(inbox.put_nowait, emission)

@@ -11,6 +11,10 @@ BYTE_BOS, BYTE_EOS, BYTE_VOCAB = 256, 257, 260
 _BYTE_CHAT_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
 
 
+class ChatTemplateError(ValueError):
+    """The model's chat template refused the messages (e.g. roles in an order it does not take)."""
+
+
 class Tokenizer(Protocol):
     eos_token_ids: tuple[int, ...]
 
@@ -48,7 +52,12 @@ class HFTokenizer:
         return self._tok.decode(ids, skip_special_tokens=True)
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
-        return self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        from jinja2 import TemplateError
+
+        try:
+            return self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except (TemplateError, ValueError, TypeError, KeyError) as error:
+            raise ChatTemplateError(str(error) or type(error).__name__) from error
 
 
 def load_tokenizer(folder: Path) -> Tokenizer:

@@ -10,7 +10,7 @@ import threading
 from controller.clients import EngineClientError, HttpClient
 from controller.plane import build_control_plane, print_decision
 from controller.store import StoreError
-from governor.settings import DEFAULT_DB, DEFAULT_POLICY
+from governor.settings import DEFAULT_DB, DEFAULT_POLICY, DEFAULT_RETENTION_DAYS
 from policies import Policy, PolicyError, load_policy
 
 
@@ -20,6 +20,8 @@ def add_control_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=DEFAULT_POLICY,
                         help="policy YAML file or shipped policy name (default: %(default)s)")
     parser.add_argument("--db", default=DEFAULT_DB, help="SQLAlchemy URL of the store (default: %(default)s)")
+    parser.add_argument("--retention-days", type=float, default=DEFAULT_RETENTION_DAYS,
+                        help="prune decisions, trials and windows older than this (default: %(default)s; 0 keeps all)")
 
 
 def run_control(args: argparse.Namespace) -> int:
@@ -28,7 +30,8 @@ def run_control(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         client = HttpClient(args.engine, os.environ.get("GOVERNOR_ADMIN_TOKEN"))
-        plane = build_control_plane(client, args.policy, args.db, None, on_decision=print_decision)
+        plane = build_control_plane(client, args.policy, args.db, None, on_decision=print_decision,
+                                    retention_days=args.retention_days)
     except (PolicyError, StoreError) as error:
         flag = "--policy" if isinstance(error, PolicyError) else "--db"
         print(f"governor control: {flag}: {error}", file=sys.stderr)
@@ -36,9 +39,9 @@ def run_control(args: argparse.Namespace) -> int:
     except EngineClientError as error:
         print(f"governor control: {error}", file=sys.stderr)
         return 1
-    plane.controller.start()
+    plane.start()
     stop.wait()
-    plane.controller.stop()
+    plane.stop()
     return 0
 
 

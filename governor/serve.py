@@ -14,6 +14,7 @@ from controller.counters import PrometheusCounters
 from controller.plane import build_control_plane, print_decision
 from controller.store import StoreError
 from dashboards.operator_page import create_dashboard_router
+from engine.admission import Admission, AdmissionLimits
 from engine.api import create_app
 from engine.ep import ExpertParallelError
 from engine.factory import build_engine
@@ -24,6 +25,7 @@ from engine.metrics import EngineMetrics
 from engine.model_spec import ModelFolderError
 from engine.respawn import expert_parallel_recovery
 from engine.service import EngineService
+from engine.serving_metrics import ServingLimitsCollector
 from engine.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
 from governor.control_cli import policy_or_none
 from governor.loaders import load_models
@@ -87,15 +89,22 @@ def run_serve(args: argparse.Namespace) -> int:
     metrics.watch_load(lambda: len(engine.scheduler.running), lambda: len(engine.scheduler.waiting))
     recovery = expert_parallel_recovery(engine, models.target_loader, settings.ep, settings.limits(),
                                         settings.redundant_experts) if engine.ep is not None else None
+    admission = Admission(AdmissionLimits(settings.max_waiting_requests, settings.max_waiting_tokens,
+                                          settings.retry_after_seconds))
     # a service that gives up stops the server, which then exits non-zero (server is bound below, before any start)
-    service = EngineService(engine, recovery=recovery, on_fatal=lambda _: setattr(server, "should_exit", True))
+    service = EngineService(engine, admission=admission, recovery=recovery,
+                            on_fatal=lambda _: setattr(server, "should_exit", True))
+    metrics.registry.register(ServingLimitsCollector(models.name, service.admission, engine.allocator, {
+        "max_body_bytes": settings.max_body_bytes, "max_prompt_chars": settings.max_prompt_chars,
+        "max_sse_clients": settings.max_sse_clients, "max_num_seqs": settings.max_num_seqs}))
     health = Health()
     plane = None
     if policy is not None:
         try:
             plane = build_control_plane(InProcessClient(engine), policy, settings.db, settings.admin_token,
                                         policy_name=settings.policy, on_decision=print_decision,
-                                        metrics=PrometheusCounters(metrics.registry, models.name))
+                                        metrics=PrometheusCounters(metrics.registry, models.name),
+                                        retention_days=settings.retention_days)
         except StoreError as error:
             engine.close()
             print(f"governor serve: --db: {error}", file=sys.stderr)
@@ -103,21 +112,24 @@ def run_serve(args: argparse.Namespace) -> int:
         health.add("controller", plane.controller.fault)
         health.add("store", plane.controller.store.fault)
     app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens, metrics, tracer,
-                     admin_router=plane.router if plane else None, health=health)
-    app.include_router(create_dashboard_router(live, lambda: engine.config, plane.controller if plane else None))
+                     admin_router=plane.router if plane else None, health=health,
+                     max_body_bytes=settings.max_body_bytes, max_prompt_chars=settings.max_prompt_chars)
+    app.include_router(create_dashboard_router(live, lambda: engine.config, plane.controller if plane else None,
+                                               max_clients=settings.max_sse_clients,
+                                               on_refuse=lambda: service.admission.refusals.count("sse_clients")))
     stop_demo = threading.Event()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         service.start()
         if plane:
-            plane.controller.start()
+            plane.start()
         if settings.demo_traffic:
             _start_demo_traffic(f"http://{settings.host}:{settings.port}", stop_demo)
         yield
         stop_demo.set()
         if plane:
-            plane.controller.stop()
+            plane.stop()
         service.stop()
         engine.close()
         if tracing is not None:

@@ -1,0 +1,139 @@
+"""`governor bench overload`: many concurrent streaming requests at once against a real `governor serve`: how many
+are admitted and how many refused (429), any 5xx, /health latency throughout, and the admitted requests' TTFT and
+inter-token latency beside the policy's SLO. Writes overload.json and overload.png."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from governor.bench import report
+from governor.bench.served import ServedProcess
+from governor.bench.streaming import Request, distribution, stream_request
+from engine.loadgen.prompts import prompt_set
+from governor.registry import DEFAULT_MODEL
+from policies import load_policy
+
+
+NAME = "overload"
+HELP = "many requests at once: 429s, 5xx, /health latency, admitted requests' latency beside the SLO"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model to serve (default {DEFAULT_MODEL})")
+    parser.add_argument("--ep", type=report.int_in(1, 64), default=1, help="expert-parallel ranks (default 1)")
+    parser.add_argument("--requests", type=report.int_in(1, 20_000), default=1000,
+                        help="requests sent at once (default 1000)")
+    parser.add_argument("--max-tokens", type=report.int_in(1, 100_000), default=256,
+                        help="tokens per request (default 256)")
+    parser.add_argument("--health-every", type=float, default=0.1, help="seconds between /health probes")
+    parser.add_argument("--policy", default="default", help="the policy whose SLO the latency is held to")
+    parser.add_argument("--out", type=Path, default=Path("artifacts/bench"),
+                        help="folder for overload.json and overload.png")
+
+
+def run(args: argparse.Namespace) -> int:
+    slo = load_policy(args.policy).slo
+    report.progress(f"overload: starting governor serve --model {args.model} --ep {args.ep}")
+    with ServedProcess(args.model, args.ep) as server:
+        requests, health = asyncio.run(_overload(server.url, args))
+        kv_in_use = server.metric("governor_kv_blocks_in_use")
+        limits = {name: server.metric("governor_limit", limit=name)
+                  for name in ("max_waiting_requests", "max_waiting_tokens", "max_num_seqs")}
+    statuses = Counter(r.status for r in requests)
+    admitted = [r for r in requests if r.status == 200]
+    itl = distribution([gap for r in admitted for gap in r.itl_s])
+    answered = [latency for _, latency in health if latency is not None]
+    result = {
+        "settings": {"requests": args.requests, "max_tokens": args.max_tokens, "model": args.model, "ep": args.ep,
+                     "limits": limits},
+        "statuses": {str(status): count for status, count in sorted(statuses.items(), key=str)},
+        "server_errors_5xx": sum(count for status, count in statuses.items() if status and status >= 500),
+        "transport_errors": sorted({r.error for r in requests if r.status is None})[:10],
+        "health_s": {**distribution(answered), "max": max(answered),
+                     "failed": sum(latency is None for _, latency in health)},
+        "admitted_ttft_s": distribution([r.ttft_s for r in admitted if r.ttft_s is not None]),
+        "admitted_inter_token_s": itl,
+        "slo": {"inter_token_p99_seconds": slo.inter_token_p99_seconds, "ttft_p99_seconds": slo.ttft_p99_seconds,
+                "inter_token_p99_within": None if itl is None or slo.inter_token_p99_seconds is None
+                else itl["p99"] <= slo.inter_token_p99_seconds},
+        "kv_blocks_in_use_after": kv_in_use,
+        "command": report.command("governor bench overload", args),
+        "machine": report.machine(),
+    }
+    report.write_json(args.out / "overload.json", result)
+    report.save_figure(_figure(requests, health, slo.inter_token_p99_seconds), args.out / "overload.png")
+    print(json.dumps({key: value for key, value in result.items() if key not in ("machine", "command")}, indent=1))
+    return 0
+
+
+async def _overload(url: str, args: argparse.Namespace) -> tuple[list[Request], list[tuple[float, float]]]:
+    prompts = prompt_set("code", 128, seed=0, max_bytes=200)
+    limits = httpx.Limits(max_connections=args.requests + 8, max_keepalive_connections=args.requests)
+    started = time.monotonic()
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600, connect=60), limits=limits) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        done = threading.Event()
+        prober = asyncio.create_task(asyncio.to_thread(_probe_health, url, args.health_every, done, started))
+        records = [Request(i, True, False, 0.0) for i in range(args.requests)]
+        await asyncio.gather(*(_one(client, model, prompts[i % len(prompts)], args.max_tokens, record)
+                               for i, record in enumerate(records)))
+        done.set()
+        health = await prober
+    report.progress(f"overload: {args.requests} requests done in {time.monotonic() - started:.1f} s")
+    return records, health
+
+
+async def _one(client: httpx.AsyncClient, model: str, prompt, max_tokens: int, record: Request) -> None:
+    body = {"model": model, **prompt.body(), "max_tokens": max_tokens, "temperature": 0.8, "ignore_eos": True,
+            "stream": True}
+    try:
+        await stream_request(client, prompt.endpoint, body, record, time.perf_counter(), None)
+    except httpx.HTTPError as error:
+        record.outcome, record.error = "error", f"{type(error).__name__}: {error}"
+
+
+def _probe_health(url: str, every: float, done: threading.Event, started: float) -> list[tuple[float, float]]:
+    """(seconds since start, /health latency or None if it failed), from its own thread and connection, so the
+    clients' event loop does not delay the probe."""
+    samples = []
+    with httpx.Client(base_url=url, timeout=10) as client:
+        while not done.is_set():
+            sent = time.perf_counter()
+            try:
+                ok = client.get("/health").status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            samples.append((time.monotonic() - started, time.perf_counter() - sent if ok else None))
+            done.wait(every)
+    return samples
+
+
+def _figure(requests: list[Request], health: list[tuple[float, float]], itl_slo: float | None):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 4))
+    probe, gaps, outcomes = figure.subplots(1, 3)
+    probe.plot([t for t, latency in health if latency is not None],
+               [latency * 1000 for _, latency in health if latency is not None])
+    probe.set(title="/health latency during the overload", xlabel="seconds", ylabel="ms")
+    admitted = [gap for r in requests if r.status == 200 for gap in r.itl_s]
+    if admitted:
+        gaps.hist(admitted, bins=np.logspace(np.log10(max(min(admitted), 1e-4)), np.log10(max(admitted)), 50))
+        gaps.set_xscale("log")
+    if itl_slo is not None:
+        gaps.axvline(itl_slo, color="tab:red", label=f"SLO p99 {itl_slo} s")
+        gaps.legend()
+    gaps.set(title="admitted requests' inter-token gaps", xlabel="seconds", ylabel="gaps")
+    statuses = Counter(str(r.status) for r in requests)
+    outcomes.bar(list(statuses), list(statuses.values()))
+    outcomes.set(title=f"{len(requests)} requests at once", xlabel="HTTP status", ylabel="requests")
+    figure.tight_layout()
+    return figure
