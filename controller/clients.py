@@ -8,7 +8,7 @@ import httpx
 
 from controller.window_stats import merge_windows, window_from_dict
 from engine.engine import Engine
-from seam import EngineConfig, Window
+from seam import EngineConfig, Experiment, Window
 
 
 class EngineClientError(RuntimeError):
@@ -31,14 +31,16 @@ class EngineClient(Protocol):
     def check(self, config: EngineConfig) -> None:
         """Raise EngineClientError if an engine would refuse config; changes nothing."""
 
-    def apply(self, config: EngineConfig) -> None:
-        """Take config into use between two steps, on every replica that answers, or on none."""
+    def apply(self, change: EngineConfig | Experiment) -> None:
+        """Take a config into use between two steps, or start a switchback Experiment (a later config ends it), on
+        every replica that answers, or on none."""
 
     def config(self) -> EngineConfig:
         """The config in use (or pending)."""
 
     def versions(self) -> dict[str, int]:
-        """Replica -> the version of the config it serves (or will serve from its next step)."""
+        """Replica -> the version of the config it serves (or will serve from its next step); while an Experiment
+        runs, the version of the arm in use."""
 
 
 class InProcessClient:
@@ -55,9 +57,9 @@ class InProcessClient:
         except ValueError as error:
             raise EngineClientError(str(error)) from error
 
-    def apply(self, config: EngineConfig) -> None:
+    def apply(self, change: EngineConfig | Experiment) -> None:
         try:
-            self.engine.apply(config)
+            self.engine.apply(change)
         except ValueError as error:
             raise EngineClientError(str(error)) from error
 
@@ -73,9 +75,10 @@ class Unreachable(EngineClientError):
 
 
 class HttpClient:
-    """Remote replicas through their GET /admin/window and PUT /admin/config; windows are merged. A replica that does
-    not answer is marked degraded and left out (its window, its writes) until it answers again; the controller's
-    per-tick version check re-applies the config to it then."""
+    """Remote replicas through their GET /admin/window and PUT /admin/config (or /admin/experiment); windows are
+    merged, each replica's switchback blocks labelled with its URL. A replica that does not answer is marked degraded
+    and left out (its window, its writes) until it answers again; the controller's per-tick version check re-applies
+    the config to it then."""
 
     def __init__(self, urls: Sequence[str], token: str | None, timeout_seconds: float = 10.0):
         if not urls:
@@ -84,7 +87,7 @@ class HttpClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(headers=headers, timeout=timeout_seconds)
         self.degraded: dict[str, str] = {}
-        self._applied: EngineConfig | None = None
+        self._applied: EngineConfig | Experiment | None = None   # the last change every answering replica took
 
     def _call(self, method: str, url: str, **kwargs) -> dict:
         try:
@@ -110,21 +113,23 @@ class HttpClient:
 
     def snapshot(self) -> Window:
         replies = self._each("GET", f"/admin/window?reader={READER}")
-        return merge_windows([window_from_dict(reply) for reply in replies.values()])
+        return merge_windows([window_from_dict(reply, url) for url, reply in replies.items()])
 
     def check(self, config: EngineConfig) -> None:
         self._each("POST", "/admin/config/check", content=config.model_dump_json())
 
-    def apply(self, config: EngineConfig) -> None:
-        """Checked on every replica first; if one still fails, those already changed get the previous config back."""
-        self.check(config)
+    def apply(self, change: EngineConfig | Experiment) -> None:
+        """Checked on every replica first (an Experiment's two configs both); if one still fails, those already
+        changed get the previous change back."""
+        for config in (change.incumbent, change.candidate) if isinstance(change, Experiment) else (change,):
+            self.check(config)
         changed = []
         try:
             for url in self.urls:
                 if url in self.degraded:
                     continue
                 try:
-                    self._call("PUT", f"{url}/admin/config", content=config.model_dump_json())
+                    self._put(url, change)
                 except Unreachable as error:
                     self.degraded[url] = str(error)
                     continue
@@ -134,19 +139,30 @@ class HttpClient:
             raise
         if not changed:
             raise EngineClientError("no engine replica answers: " + "; ".join(self.degraded.values()))
-        self._applied = config
+        self._applied = change
+
+    def _put(self, url: str, change: EngineConfig | Experiment) -> None:
+        """PUT /admin/experiment for an Experiment, PUT /admin/config for a config (which ends a running one)."""
+        path = "experiment" if isinstance(change, Experiment) else "config"
+        self._call("PUT", f"{url}/admin/{path}", content=change.model_dump_json())
 
     def _undo(self, urls: list[str]) -> None:
         if self._applied is None:
             return
         for url in urls:
             try:
-                self._call("PUT", f"{url}/admin/config", content=self._applied.model_dump_json())
+                self._put(url, self._applied)
             except EngineClientError as error:
-                self.degraded[url] = f"could not restore v{self._applied.version}: {error}"
+                self.degraded[url] = f"could not restore {_described(self._applied)}: {error}"
 
     def versions(self) -> dict[str, int]:
         return {url: reply["version"] for url, reply in self._each("GET", "/admin/config").items()}
 
     def config(self) -> EngineConfig:
         return EngineConfig.model_validate(self._call("GET", f"{self.urls[0]}/admin/config"))
+
+
+def _described(change: EngineConfig | Experiment) -> str:
+    if isinstance(change, Experiment):
+        return f"the experiment v{change.incumbent.version} vs v{change.candidate.version}"
+    return f"v{change.version}"

@@ -1,24 +1,28 @@
-"""The level-based reconcile loop: observe a Window, let the policy propose, apply the proposal as a trial, judge it
-against the baseline window with explicit thresholds, keep it (new last-known-good) or roll back. Alerts, operators
-and restarts enter through the same small set of actions; every one is recorded before it returns."""
+"""The level-based reconcile loop: observe a Window, let the policy propose, run the proposal as a switchback trial
+(the engine alternates candidate and incumbent in short blocks), let the judge decide from the blocks, keep the
+candidate (new last-known-good) or go back to the incumbent. Alerts, operators and restarts enter through the same
+small set of actions; every one is recorded before it returns."""
 from __future__ import annotations
 
 import datetime as dt
 import logging
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from controller.clients import ApplyFailed, EngineClient, EngineClientError
 from controller.counters import CountingSink, MetricsSink
+from controller.judge import BETTER, INCONCLUSIVE, SwitchbackJudge, Verdict
 from controller.rule_policy import RulePolicy
 from controller.store import Pin, RollbackRow, Store
 from controller.strategy import Proposal, Strategy
-from controller.window_stats import merge_windows, no_data_reason, slo_breaches, tokens_per_busy_second, window_summary
+from controller.window_stats import merge_windows, no_data_reason, slo_breaches, window_summary
 from policies import Policy
-from seam import EngineConfig, Window
+from seam import EngineConfig, Experiment, Window
 
 log = logging.getLogger("governor.controller")
 MAX_NO_DATA_WINDOWS = 3     # a trial that sees no traffic for this many windows is reverted as inconclusive
+OUTCOMES = {BETTER: "kept", "worse": "reverted"}     # judge verdict -> trial outcome; otherwise the verdict itself
 
 
 class PinHeld(RuntimeError):
@@ -35,7 +39,18 @@ class _Trial:
     proposal: Proposal
     config: EngineConfig
     baseline: Window
+    judge: SwitchbackJudge
+    started: float = field(default_factory=time.monotonic)
+    arms: dict[str, list[Window]] = field(default_factory=dict)    # what each arm measured, part by part
     no_data_windows: int = 0
+
+    def add(self, part: Window) -> None:
+        self.judge.add(part.blocks or ())
+        for arm, window in (part.arms or {}).items():
+            self.arms.setdefault(arm, []).append(window)
+
+    def arm(self, name: str) -> Window | None:
+        return merge_windows(self.arms[name]) if self.arms.get(name) else None
 
 
 class Controller:
@@ -90,7 +105,8 @@ class Controller:
             self._reconcile()
             part = self.client.snapshot()
             self._parts.append(part)
-            if self._trial is not None and self._cut_short(part):
+            if self._trial is not None and self._trial_ended(part):
+                self._parts = []        # the next window measures the config the trial left in use
                 return
             if len(self._parts) < self.policy.window.checks:
                 return
@@ -105,12 +121,12 @@ class Controller:
             self._on_no_data(reason, window)
             return
         self._no_data = False
-        self.strategy.observe(window)
-        if self._trial is not None:
-            if not self._judge(window):
-                return                  # reverted: the window measured a config no longer in use
+        for measured in (window.arms or {"": window}).values():
+            self.strategy.observe(measured)
         self._evaluate_slo(window)
-        if self.store.pin() is not None or self.window_index < self._cooldown_until:
+        if self._trial is not None:
+            return
+        if self.store.pin() is not None or self._wanted is not None or self.window_index < self._cooldown_until:
             return
         proposal = self.strategy.propose(self.current, window, self.window_index)
         if proposal is not None:
@@ -121,8 +137,8 @@ class Controller:
         if trial is not None:
             trial.no_data_windows += 1
             if trial.no_data_windows >= MAX_NO_DATA_WINDOWS:
-                self._end_trial("inconclusive", None, f"trial reverted: {MAX_NO_DATA_WINDOWS} windows without "
-                                f"enough traffic to judge it ({reason})", window)
+                self._end_trial(INCONCLUSIVE, f"trial ended, incumbent kept: {MAX_NO_DATA_WINDOWS} windows without "
+                                f"enough traffic to judge it ({reason})")
             return
         if not self._no_data:
             self._decide("no_data", reason + "; nothing is judged until traffic returns", window_summary(window))
@@ -132,56 +148,64 @@ class Controller:
 
     def _start_trial(self, proposal: Proposal, baseline: Window) -> None:
         config = self.store.record_config(proposal.config, "controller", proposal.reason)
-        if not self._apply(config, f"trial: {proposal.reason}"):
+        settings = self.policy.judge
+        experiment = Experiment(incumbent=self.current, candidate=config, block_steps=settings.block_steps)
+        if not self._apply(experiment, f"trial: {proposal.reason}"):
             self.strategy.finished(proposal, "failed", None, self.window_index)
             return
         trial_id = self.store.start_trial(self.strategy.name, config, self.current, proposal.predicted_gain,
                                           getattr(proposal.optuna_trial, "number", None))
-        self._trial = _Trial(trial_id, proposal, config, baseline)
-        self.current = config
+        self._trial = _Trial(trial_id, proposal, config, baseline, SwitchbackJudge(settings, proposal.keep_gain))
         self._decide("trial", proposal.reason, {**proposal.inputs, "kind": proposal.kind,
-                                                "keep_gain": proposal.keep_gain, "baseline": window_summary(baseline)},
+                                                "keep_gain": proposal.keep_gain, "baseline": window_summary(baseline),
+                                                "switchback": settings.model_dump()},
                      predicted_gain=proposal.predicted_gain, config_version=config.version, trial_id=trial_id)
 
-    def _cut_short(self, part: Window) -> bool:
-        """A trial whose partial window already breaks the SLO is ended now and the baseline restored."""
-        enough = part.emitted_tokens * self.policy.window.checks >= self.policy.window.min_emitted_tokens
-        breaches = slo_breaches(part, self.policy) if enough else []
-        if not breaches:
+    def _trial_ended(self, part: Window) -> bool:
+        """Feed the trial this part's blocks; end it if the candidate breaks the SLO or the judge decides."""
+        trial = self._trial
+        trial.add(part)
+        breaches = self._candidate_breaches(part)
+        if breaches:
+            self._end_trial("cut_short", "trial cut short, incumbent restored: the candidate's blocks break the SLO "
+                            "while the incumbent's do not: " + "; ".join(breaches))
+            return True
+        verdict = trial.judge.look()
+        if verdict is None or not verdict.decided:
             return False
-        self._parts = []
-        self._end_trial("cut_short", None, "trial cut short, baseline restored: " + "; ".join(breaches), part)
+        self._end_trial(OUTCOMES.get(verdict.outcome, verdict.outcome), verdict.reason, verdict)
         return True
 
-    def _judge(self, window: Window) -> bool:
-        """End the trial; True if it was kept (so the window measured the config now in use)."""
-        trial = self._trial
-        baseline = tokens_per_busy_second(trial.baseline)
-        gain = tokens_per_busy_second(window) / baseline if baseline > 0 else None
-        breaches = slo_breaches(window, self.policy)
-        keep_gain = trial.proposal.keep_gain
-        if breaches:
-            self._end_trial("reverted", gain, "trial breaks the SLO: " + "; ".join(breaches), window)
-        elif gain is None or gain < keep_gain:
-            self._end_trial("reverted", gain, f"measured {_fmt(gain)}x < {keep_gain:.3f}x needed to keep", window)
-        else:
-            self._end_trial("kept", gain, f"measured {gain:.3f}x >= {keep_gain:.3f}x needed to keep", window)
-            return True
-        return False
+    def _candidate_breaches(self, part: Window) -> list[str]:
+        arms = part.arms or {}
+        candidate, incumbent = arms.get("candidate"), arms.get("incumbent")
+        if candidate is None:
+            return []
+        enough = candidate.emitted_tokens * 2 * self.policy.window.checks >= self.policy.window.min_emitted_tokens
+        if not enough or (incumbent is not None and slo_breaches(incumbent, self.policy)):
+            return []
+        return slo_breaches(candidate, self.policy)
 
-    def _end_trial(self, outcome: str, gain: float | None, reason: str, window: Window) -> None:
+    def _end_trial(self, outcome: str, reason: str, verdict: Verdict | None = None) -> None:
         trial, self._trial = self._trial, None
         kind = trial.proposal.kind
+        gain = verdict.comparison.effect if verdict is not None and verdict.comparison is not None else None
+        candidate, incumbent = trial.arm("candidate"), trial.arm("incumbent")
         self.store.finish_trial(trial.id, outcome, gain)
         self.metrics.trial(outcome)
-        self.strategy.finished(trial.proposal, outcome, window, self.window_index)
-        inputs = {"trial": window_summary(window), "baseline": window_summary(trial.baseline), "kind": kind}
+        self.strategy.finished(trial.proposal, outcome, candidate, self.window_index)
+        inputs = {"kind": kind, "outcome": outcome, "seconds": round(time.monotonic() - trial.started, 3),
+                  "trial": None if candidate is None else window_summary(candidate),
+                  "baseline": None if incumbent is None else window_summary(incumbent),
+                  "judge": None if verdict is None else verdict.evidence()}
         if outcome == "kept":
             self.last_known_good = trial.config
             self.store.set_last_known_good(trial.config)
+            if not self._converge(trial.config, f"keep trial {trial.id}"):
+                reason += f"; v{trial.config.version} could not be applied yet, every tick retries it"
             action = {"fallback_probe": "fallback", "speculation_probe": "reenable"}.get(kind, "keep")
         else:
-            if not self._converge(self.last_known_good, f"revert trial {trial.id}"):
+            if not self._converge(self.last_known_good, f"end trial {trial.id}: {outcome}"):
                 reason += f"; v{self.last_known_good.version} could not be applied yet, every tick retries it"
             self.metrics.rollback()
             self._cooldown_until = self.window_index + self.policy.trial.cooldown_windows + 1
@@ -254,6 +278,7 @@ class Controller:
                 self.last_known_good = self.current
                 self.store.set_last_known_good(self.current)
             self.store.set_pin(None)
+            self.strategy.released(self.current)
             return self._decide("release", reason, {"owner": pin.owner}, config_version=self.current.version,
                                 settles_alert=alert)
 
@@ -308,6 +333,7 @@ class Controller:
         trial, self._trial = self._trial, None
         if trial is None:
             return None
+        self._parts = []        # they measured the trial's experiment
         self.store.finish_trial(trial.id, outcome, None)
         self.metrics.trial(outcome)
         self.strategy.finished(trial.proposal, outcome, None, self.window_index)
@@ -359,10 +385,11 @@ class Controller:
                      config_version=current.version)
         return current, lkg
 
-    def _apply(self, config: EngineConfig, reason: str) -> bool:
+    def _apply(self, change: EngineConfig | Experiment, reason: str) -> bool:
         try:
-            self.client.apply(config)
+            self.client.apply(change)
         except EngineClientError as error:
+            config = change.candidate if isinstance(change, Experiment) else change
             self._decide("apply_failed", f"{reason}: {error}", {"config": config.model_dump()},
                          config_version=config.version)
             return False
@@ -378,21 +405,26 @@ class Controller:
 
     def _reconcile(self) -> None:
         """Level-based: every replica must serve the config the controller holds (or one it could not apply yet);
-        re-apply it where one reports another version (a restarted replica, a write behind the controller's back)."""
+        re-apply it where one reports another version (a restarted replica, a write behind the controller's back).
+        While a trial's Experiment runs, each replica serves one of its arms (current is the incumbent), so either
+        arm's version is the intended one; a replica serving anything else ends the trial, as its blocks no longer
+        compare the two arms, and gets current back."""
         target = self._wanted or self.current
+        intended = {target.version} | ({self._trial.config.version} if self._trial is not None else set())
         try:
             versions = self.client.versions()
         except EngineClientError as error:
             log.warning("cannot read the engines' config versions: %s", error)
             return
-        drifted = {where: version for where, version in versions.items() if version != target.version}
+        drifted = {where: version for where, version in versions.items() if version not in intended}
         if not drifted and self._wanted is None:
             return
         reason = ("drift: " + ", ".join(f"{where} serves v{version}" for where, version in drifted.items())
                   + f"; the controller holds v{target.version}, re-applied") if drifted \
             else f"re-applied v{target.version}, which an earlier apply could not take into use"
+        ended = self._end_trial_for("abandoned")
         if self._converge(target, reason):
-            self._decide("reapply", reason, {"drifted": drifted}, config_version=target.version)
+            self._decide("reapply", reason, {"drifted": drifted, "ended_trial": ended}, config_version=target.version)
 
     def _decide(self, action: str, reason: str, inputs: dict, **fields) -> int:
         """Recorded in one transaction with what it settles (an alert's outcome, a rollback row)."""
@@ -411,14 +443,10 @@ class Controller:
 
 
 def _speculation_gain(kind: str, gain: float | None) -> float | None:
-    """Measured speculative over plain tokens per busy second, from a probe of one mode against the other."""
+    """Measured speculative over plain decode throughput, from a probe of one mode against the other."""
     if gain is None or kind not in ("fallback_probe", "speculation_probe"):
         return None
     return 1 / gain if kind == "fallback_probe" else gain
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _iso(unix_seconds: float) -> str:

@@ -1,4 +1,4 @@
-"""The Optuna policy: ask/tell, one trial = one config held for one window. Objective: tokens per busy second;
+"""The Optuna policy: ask/tell, one trial = one switchback trial of the config. Objective: tokens per busy second;
 constraint: the latency SLO (a trial that breaks it is cut short by the loop and told PRUNED). Trials live in RDB
 storage on the controller's own database, so a search resumes after a restart and optuna-dashboard can read it."""
 from __future__ import annotations
@@ -36,6 +36,9 @@ class OptunaSearch:
     def observe(self, window: Window) -> None:
         pass
 
+    def released(self, config: EngineConfig) -> None:
+        pass
+
     def propose(self, current: EngineConfig, baseline: Window, window_index: int) -> Proposal | None:
         if current.spec_method != "off":
             self.spec_method = current.spec_method
@@ -56,10 +59,11 @@ class OptunaSearch:
 
     def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int) -> None:
         trial = proposal.optuna_trial
-        if window is not None and outcome in ("kept", "reverted", "cut_short"):
+        judged = ("kept", "reverted", "no_difference", "inconclusive")
+        if window is not None and outcome in (*judged, "cut_short"):
             trial.set_constraint("slo_excess_seconds", self._slo_excess(window))   # > 0: the SLO was broken
             trial.set_user_attr("outcome", outcome)
-        if outcome in ("kept", "reverted"):
+        if window is not None and outcome in judged:
             self.study.tell(trial, tokens_per_busy_second(window))
         elif outcome == "cut_short":
             self.study.tell(trial, state=TrialState.PRUNED)

@@ -39,6 +39,12 @@ class RulePolicy:
         if outcome != "kept":
             self.state.rejected[(proposal.kind, _value(proposal))] = window_index
 
+    def released(self, config: EngineConfig) -> None:
+        """An operator's pin ended: probe the other speculation mode at the next window rather than after
+        reprobe_windows (a pin that turned speculation off should not keep it off once lifted)."""
+        self.state.last_mode_probe = -self.policy.speculation.reprobe_windows
+        self.state.rejected.pop(("speculation_probe", "speculation_probe"), None)
+
     def propose(self, current: EngineConfig, baseline: Window, window_index: int) -> Proposal | None:
         if current.spec_method != "off":
             self.state.spec_method = current.spec_method

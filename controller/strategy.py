@@ -13,7 +13,7 @@ class Proposal:
     config: EngineConfig        # unversioned; the loop records it as a new version
     kind: str                   # draft_len | fallback_probe | speculation_probe | capacity_factor | placement | optuna
     reason: str
-    keep_gain: float            # keep the trial if its tokens per busy second / the baseline's >= this
+    keep_gain: float            # keep the trial if the judge's lower bound of candidate / incumbent clears this
     predicted_gain: float | None = None
     inputs: dict = field(default_factory=dict)
     optuna_trial: object | None = None
@@ -29,5 +29,8 @@ class Strategy(Protocol):
         """The next change to try from `current`, judged against `baseline`; None: nothing worth trying now."""
 
     def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int) -> None:
-        """How a proposal's trial ended (kept, reverted, cut_short, inconclusive, rolled_back, failed); window: what
-        it measured (None when it ended without one)."""
+        """How a proposal's trial ended (kept, reverted, no_difference, inconclusive, cut_short, rolled_back, failed);
+        window: what the candidate's blocks measured (None when it ended without one)."""
+
+    def released(self, config: EngineConfig) -> None:
+        """An operator's pin on config ended."""

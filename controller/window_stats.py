@@ -5,7 +5,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from policies import Policy
-from seam import LatencySummary, Window
+from seam import Block, LatencySummary, Window
 
 _SUMMED = {"steps", "num_drafts", "drafted_tokens", "accepted_tokens", "emitted_tokens", "prefill_tokens",
            "finished_requests", "target_forward_seconds", "draft_forward_seconds", "step_seconds", "dropped_tokens",
@@ -17,13 +17,19 @@ _STEP_WEIGHTED = {"batch_size_mean", "queue_depth_mean"}
 MIXED_VERSIONS = -1     # the config_version of a window whose parts served different configs
 
 
-def window_from_dict(data: dict) -> Window:
-    """The Window a remote engine's GET /admin/window returned (derived figures dropped)."""
+def window_from_dict(data: dict, source: str = "") -> Window:
+    """The Window a remote engine's GET /admin/window returned (derived figures dropped); its switchback blocks are
+    labelled with source, so blocks of several replicas pair up within each replica."""
     values = {}
     for field in dataclasses.fields(Window):
-        value = data[field.name]
-        values[field.name] = LatencySummary(**value) if field.name.endswith("_seconds") and isinstance(value, dict) \
-            else value
+        value = data.get(field.name, field.default)
+        if field.name == "blocks" and value is not None:
+            value = [Block(**{**block, "source": source}) for block in value]
+        elif field.name == "arms" and value is not None:
+            value = {arm: window_from_dict(window, source) for arm, window in value.items()}
+        elif field.name.endswith("_seconds") and isinstance(value, dict):
+            value = LatencySummary(**value)
+        values[field.name] = value
     return Window(**values)
 
 
@@ -50,11 +56,23 @@ def merge_windows(windows: Sequence[Window]) -> Window:
             values[name] = max(parts)
         elif name in _STEP_WEIGHTED:
             values[name] = sum(p * w.steps for p, w in zip(parts, windows)) / steps
+        elif name == "blocks":
+            values[name] = None if all(p is None for p in parts) else [b for p in parts for b in p or ()]
+        elif name == "arms":
+            values[name] = _merge_arms(parts)
         elif isinstance(parts[0], LatencySummary):
             values[name] = _merge_latency(parts)
         else:
             values[name] = parts[-1]
     return Window(**values)
+
+
+def _merge_arms(parts: list[dict[str, Window] | None]) -> dict[str, Window] | None:
+    present = [p for p in parts if p]
+    if not present:
+        return None
+    names = dict.fromkeys(name for p in present for name in p)
+    return {name: merge_windows([p[name] for p in present if name in p]) for name in names}
 
 
 def _sum_arrays(parts: list) -> list | None:
@@ -86,7 +104,7 @@ def tokens_per_busy_second(window: Window) -> float:
 
 def no_data_reason(window: Window, policy: Policy) -> str | None:
     """Why this window holds too little traffic to be judged (or measured more than one config), or None."""
-    if window.config_version == MIXED_VERSIONS:
+    if window.config_version == MIXED_VERSIONS and not window.arms:     # an Experiment's arms are measured apart
         return "no data: the window's parts (replicas or checks) served different config versions"
     if window.emitted_tokens < policy.window.min_emitted_tokens:
         return f"no data: {window.emitted_tokens} tokens emitted, a window needs {policy.window.min_emitted_tokens}"

@@ -25,7 +25,7 @@ from engine.openapi import (ERRORS, GENERATION_ERRORS, HEALTH, STREAMING, allowe
 from engine.service import RETRY_AFTER_SECONDS, EngineService, Unavailable
 from engine.tokenizer import ChatTemplateError
 from engine.tracing import traced_request
-from seam import EngineConfig
+from seam import EngineConfig, Experiment
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -198,27 +198,37 @@ def _add_engine_admin(app: FastAPI, engine, admin_token: str | None) -> None:
               openapi_extra=json_body(EngineConfig), responses=ERRORS)
     async def check_config(request: Request):
         """Validate a config against this engine without applying it (a controller checks before it writes)."""
-        config = _config_from(await request.body())
+        config = _parsed(await request.body(), EngineConfig)
         try:
             engine.check(config)
         except RequestError as error:
             raise APIError(400, str(error), error.field) from error
         return config.model_dump()
 
+    async def apply(request: Request, kind: type[EngineConfig] | type[Experiment]) -> dict:
+        change = _parsed(await request.body(), kind)
+        try:
+            engine.apply(change)
+        except RequestError as error:
+            raise APIError(400, str(error), error.field) from error
+        return change.model_dump()
+
     @app.put("/admin/config", dependencies=[Depends(bearer_guard(admin_token))], openapi_extra=json_body(EngineConfig),
              responses=ERRORS)
     async def put_config(request: Request):
-        config = _config_from(await request.body())
-        try:
-            engine.apply(config)
-        except RequestError as error:
-            raise APIError(400, str(error), error.field) from error
-        return config.model_dump()
+        """Take a config into use; ends a running experiment."""
+        return await apply(request, EngineConfig)
+
+    @app.put("/admin/experiment", dependencies=[Depends(bearer_guard(admin_token))],
+             openapi_extra=json_body(Experiment), responses=ERRORS)
+    async def put_experiment(request: Request):
+        """Alternate two configs in blocks of steps (a switchback trial) until the next PUT /admin/config."""
+        return await apply(request, Experiment)
 
 
-def _config_from(body: bytes) -> EngineConfig:
+def _parsed(body: bytes, kind: type[EngineConfig] | type[Experiment]) -> EngineConfig | Experiment:
     try:
-        return EngineConfig.model_validate_json(body, strict=True)
+        return kind.model_validate_json(body, strict=True)
     except ValidationError as error:
         raise invalid_body(error) from error
 

@@ -23,11 +23,12 @@ from engine.placement import PlacementError, Topology, check_placement, identity
 from engine.sampling import probs_from_logits, uniforms
 from engine.scheduler import Scheduled, Scheduler
 from engine.sequence import Sequence
+from engine.switchback import Switchback
 from engine.telemetry import StepRecord, Telemetry, TelemetrySink
 from engine.tokenizer import Tokenizer
 from engine.transformer import Transformer
 from kernels import verify_drafts
-from seam import EngineConfig, SamplingParams, Window
+from seam import EngineConfig, Experiment, SamplingParams, Window
 
 
 class RequestError(ValueError):
@@ -89,16 +90,19 @@ class Engine:
             self.experts = ExpertRuntime(target, topology, ep.exchange if ep is not None else LOCAL)
         self._config_lock = threading.Lock()
         self._check(config)
-        self._pending = None
+        self._pending: EngineConfig | Experiment | None = None
+        self.switchback: Switchback | None = None
         self._take(config)
 
     # -- the seam ---------------------------------------------------------------------------------
 
-    def apply(self, config: EngineConfig) -> None:
-        """Take config into use between two steps; requests in flight continue."""
-        self._check(config)
+    def apply(self, change: EngineConfig | Experiment) -> None:
+        """Take a config into use between two steps, or start alternating an Experiment's two configs in blocks
+        (a later config ends it); requests in flight continue."""
+        for config in (change.incumbent, change.candidate) if isinstance(change, Experiment) else (change,):
+            self._check(config)
         with self._config_lock:
-            self._pending = config
+            self._pending = change
 
     def snapshot(self, reader: str = "default") -> Window:
         """What the engine measured since reader's previous snapshot; other readers' windows are untouched."""
@@ -110,9 +114,10 @@ class Engine:
 
     @property
     def desired_config(self) -> EngineConfig:
-        """The config the engine serves from its next step on: the one applied last."""
+        """The config the engine serves from its next step on: the one applied last (while an experiment runs, the
+        arm in use)."""
         with self._config_lock:
-            return self._pending or self.config
+            return self._pending if isinstance(self._pending, EngineConfig) else self.config
 
     def check(self, config: EngineConfig) -> None:
         """Raise RequestError if this engine cannot serve config; changes nothing."""
@@ -195,6 +200,8 @@ class Engine:
             emissions.append(self._deliver(seq, item.proposed[:item.accepted] + [item.next_token], now))
         self.telemetry.record_step(self._step_record(plan, drafting, queue_depth, time.perf_counter() - started,
                                                      target_seconds, draft_seconds, expert_counts))
+        if self.switchback is not None:
+            self.switchback.stepped()
         return emissions
 
     def _drafter_for(self, config: EngineConfig) -> Drafter | None:
@@ -346,15 +353,29 @@ class Engine:
     def _adopt_pending_config(self) -> None:
         """A config that fails to take is dropped (the engine keeps the one in use, and reports its version)."""
         with self._config_lock:
-            config = self._pending
-        if config is None:
-            return
-        try:
-            self._take(config)
-        finally:
-            with self._config_lock:
-                if self._pending is config:
-                    self._pending = None
+            change = self._pending
+        if change is not None:
+            try:
+                self._adopt(change)
+            finally:
+                with self._config_lock:
+                    if self._pending is change:
+                        self._pending = None
+        block = self.switchback.due() if self.switchback is not None else None
+        if block is not None:
+            self.telemetry.begin_block(block.index, block.arm, block.config)
+            if block.config != self.config:
+                self._take(block.config)
+
+    def _adopt(self, change: EngineConfig | Experiment) -> None:
+        """Any change ends a running experiment; an Experiment starts alternating its arms with the next step."""
+        if self.switchback is not None:
+            self.switchback = None
+            self.telemetry.end_experiment()
+        if isinstance(change, Experiment):
+            self.switchback = Switchback(change)
+        else:
+            self._take(change)
 
     def _take(self, config: EngineConfig) -> None:
         if self.experts is not None:

@@ -11,7 +11,7 @@ from typing import Protocol
 import torch
 
 from engine.placement import balancedness
-from seam import EngineConfig, LatencySummary, Window
+from seam import Block, EngineConfig, LatencySummary, Window
 
 MAX_SAMPLES = 50_000  # per window and distribution; an unread window keeps the latest ones
 READERS = ("default", "controller")     # windows kept from the start; other readers' from their first read
@@ -46,6 +46,101 @@ class _Accumulator:
     dropped_per_layer: torch.Tensor | None = None
     all_to_all_seconds: float = 0.0
     replacement_seconds: float = 0.0
+
+    def add_step(self, step: StepRecord) -> None:
+        self.steps += 1
+        self.batch_sizes.append(step.batch_size)
+        self.queue_depths.append(step.queue_depth)
+        self.step_seconds += step.step_seconds
+        self.target_forward_seconds += step.target_seconds
+        self.draft_forward_seconds += step.draft_seconds
+        self.num_drafts += step.num_drafts
+        self.prefill_tokens += step.prefill_tokens
+        _add_per_position(self.drafted_per_position, step.drafted_per_position)
+        _add_per_position(self.accepted_per_position, step.accepted_per_position)
+        self.all_to_all_seconds += step.all_to_all_seconds
+        self.expert_tokens = _add(self.expert_tokens, step.expert_tokens)
+        self.slot_tokens = _add(self.slot_tokens, step.slot_tokens)
+        self.rank_tokens = _add(self.rank_tokens, step.rank_tokens)
+        self.dropped_per_layer = _add(self.dropped_per_layer, step.dropped_per_layer)
+
+    def add_tokens(self, count: int, ttft: float | None, gap: float | None) -> None:
+        self.emitted_tokens += count
+        if ttft is not None:
+            self.ttft.append(ttft)
+        if gap is not None:
+            self.inter_token.extend([gap / count] * count)
+
+    def add_finished(self, e2e: float) -> None:
+        self.finished_requests += 1
+        self.e2e.append(e2e)
+
+    def window(self, config: EngineConfig, **extra) -> Window:
+        sizes, depths = self.batch_sizes or [0], self.queue_depths or [0]
+        return Window(
+            start=self.start, end=time.time(), config_version=config.version, spec_method=config.spec_method,
+            draft_len=config.speculative_len, steps=self.steps, num_drafts=self.num_drafts,
+            drafted_tokens=sum(self.drafted_per_position), accepted_tokens=sum(self.accepted_per_position),
+            drafted_per_position=list(self.drafted_per_position),
+            accepted_per_position=list(self.accepted_per_position),
+            emitted_tokens=self.emitted_tokens, prefill_tokens=self.prefill_tokens,
+            finished_requests=self.finished_requests, target_forward_seconds=self.target_forward_seconds,
+            draft_forward_seconds=self.draft_forward_seconds, step_seconds=self.step_seconds,
+            ttft_seconds=LatencySummary.of(list(self.ttft)),
+            inter_token_seconds=LatencySummary.of(list(self.inter_token)),
+            e2e_seconds=LatencySummary.of(list(self.e2e)), batch_size_mean=sum(sizes) / len(sizes),
+            batch_size_max=max(sizes), queue_depth_mean=sum(depths) / len(depths), queue_depth_max=max(depths),
+            expert_tokens=_listed(self.expert_tokens), slot_tokens=_listed(self.slot_tokens),
+            rank_tokens=_listed(self.rank_tokens),
+            dropped_tokens=0 if self.dropped_per_layer is None else int(self.dropped_per_layer.sum()),
+            dropped_per_layer=_listed(self.dropped_per_layer),
+            **_balancedness_of(self.rank_tokens),
+            all_to_all_seconds=self.all_to_all_seconds, capacity_factor=config.capacity_factor,
+            replacement_seconds=self.replacement_seconds, **extra)
+
+
+@dataclass
+class _BlockAccumulator:
+    """One switchback block in progress."""
+    index: int
+    arm: str
+    config_version: int
+    steps: int = 0
+    emitted_tokens: int = 0
+    busy_seconds: float = 0.0
+    gap_seconds: float = 0.0
+    gap_tokens: int = 0
+    step_tokens: int = 0             # delivered by the step in progress (its record_step comes after them)
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+
+    def add_step(self, step_seconds: float, prefill_tokens: int) -> None:
+        self.steps += 1
+        self.busy_seconds += step_seconds
+        if not prefill_tokens:
+            self.decode_tokens += self.step_tokens
+            self.decode_seconds += step_seconds
+        self.step_tokens = 0
+
+    def closed(self) -> Block:
+        return Block(self.index, self.arm, self.config_version, self.steps, self.emitted_tokens, self.busy_seconds,
+                     self.gap_seconds / self.gap_tokens if self.gap_tokens else None, self.decode_tokens,
+                     self.decode_seconds)
+
+
+@dataclass
+class _ReaderWindow:
+    """One reader's open window: every measurement, and while an experiment runs, each arm's and the blocks closed
+    since the reader's previous snapshot."""
+    acc: _Accumulator = field(default_factory=_Accumulator)
+    arms: dict[str, _Accumulator] = field(default_factory=dict)
+    blocks: list[Block] = field(default_factory=list)
+
+    def window(self, config: EngineConfig, arm_configs: dict[str, EngineConfig]) -> Window:
+        if not self.arms:
+            return self.acc.window(config)
+        return self.acc.window(config, blocks=list(self.blocks),
+                               arms={name: acc.window(arm_configs[name]) for name, acc in self.arms.items()})
 
 
 @dataclass(frozen=True)
@@ -90,16 +185,44 @@ class TelemetrySink(Protocol):
 
 class Telemetry:
     """Written by the engine thread, read by anyone through snapshot(); thread-safe. Each reader has its own window
-    (a cursor per reader), so one reader's snapshot never takes data from another."""
+    (a cursor per reader), so one reader's snapshot never takes data from another. While an Experiment runs, every
+    measurement also goes to its arm's accumulator in each reader's window and to the block in progress."""
 
     def __init__(self, sinks: Sequence[TelemetrySink] = ()):
         self._lock = threading.Lock()
-        self._windows: dict[str, _Accumulator] = {reader: _Accumulator() for reader in READERS}
+        self._windows: dict[str, _ReaderWindow] = {reader: _ReaderWindow() for reader in READERS}
         self._sinks = tuple(sinks)
+        self._arms: dict[str, EngineConfig] = {}
+        self._block: _BlockAccumulator | None = None
 
     def record_config(self, config: EngineConfig) -> None:
         for sink in self._sinks:
             sink.record_config(config)
+
+    def begin_block(self, index: int, arm: str, config: EngineConfig) -> None:
+        """Close the switchback block in progress (if any) and start block index under arm."""
+        with self._lock:
+            if self._block is not None:
+                closed = self._block.closed()
+                for reader in self._windows.values():
+                    reader.blocks.append(closed)
+            self._arms[arm] = config
+            for reader in self._windows.values():
+                reader.arms.setdefault(arm, _Accumulator())
+            self._block = _BlockAccumulator(index, arm, config.version)
+
+    def end_experiment(self) -> None:
+        """The experiment is over: its unfinished block and the per-arm figures not yet read are dropped."""
+        with self._lock:
+            self._arms, self._block = {}, None
+            for reader in self._windows.values():
+                reader.arms, reader.blocks = {}, []
+
+    def _targets(self) -> list[_Accumulator]:
+        if self._block is None:
+            return [reader.acc for reader in self._windows.values()]
+        arm = self._block.arm
+        return [acc for reader in self._windows.values() for acc in (reader.acc, reader.arms[arm])]
 
     def record_step(self, step: StepRecord) -> None:
         if self._sinks:
@@ -107,90 +230,61 @@ class Telemetry:
         for sink in self._sinks:
             sink.record_step(step)
         with self._lock:
-            for acc in self._windows.values():
-                acc.steps += 1
-                acc.batch_sizes.append(step.batch_size)
-                acc.queue_depths.append(step.queue_depth)
-                acc.step_seconds += step.step_seconds
-                acc.target_forward_seconds += step.target_seconds
-                acc.draft_forward_seconds += step.draft_seconds
-                acc.num_drafts += step.num_drafts
-                acc.prefill_tokens += step.prefill_tokens
-                _add_per_position(acc.drafted_per_position, step.drafted_per_position)
-                _add_per_position(acc.accepted_per_position, step.accepted_per_position)
-                acc.all_to_all_seconds += step.all_to_all_seconds
-                acc.expert_tokens = _add(acc.expert_tokens, step.expert_tokens)
-                acc.slot_tokens = _add(acc.slot_tokens, step.slot_tokens)
-                acc.rank_tokens = _add(acc.rank_tokens, step.rank_tokens)
-                acc.dropped_per_layer = _add(acc.dropped_per_layer, step.dropped_per_layer)
+            for acc in self._targets():
+                acc.add_step(step)
+            if self._block is not None:
+                self._block.add_step(step.step_seconds, step.prefill_tokens)
 
     def record_replacement(self, seconds: float) -> None:
         """Serving stalled this long while expert weights moved to a new placement."""
         with self._lock:
-            for acc in self._windows.values():
-                acc.replacement_seconds += seconds
+            for reader in self._windows.values():
+                reader.acc.replacement_seconds += seconds
 
     def record_tokens(self, *, count: int, ttft: float | None, gap: float | None) -> None:
         """count tokens delivered at once; a gap since the previous delivery is spread evenly over them."""
         for sink in self._sinks:
             sink.record_tokens(count=count, ttft=ttft, gap=gap)
         with self._lock:
-            for acc in self._windows.values():
-                acc.emitted_tokens += count
-                if ttft is not None:
-                    acc.ttft.append(ttft)
+            for acc in self._targets():
+                acc.add_tokens(count, ttft, gap)
+            if self._block is not None:
+                self._block.emitted_tokens += count
+                self._block.step_tokens += count
                 if gap is not None:
-                    acc.inter_token.extend([gap / count] * count)
+                    self._block.gap_seconds += gap
+                    self._block.gap_tokens += count
 
     def record_finished(self, e2e: float) -> None:
         for sink in self._sinks:
             sink.record_finished(e2e)
         with self._lock:
-            for acc in self._windows.values():
-                acc.finished_requests += 1
-                acc.e2e.append(e2e)
+            for acc in self._targets():
+                acc.add_finished(e2e)
 
     def snapshot(self, config: EngineConfig, reader: str = "default") -> Window:
-        """Close reader's window and open the next; a reader seen for the first time gets an empty window."""
+        """Close reader's window and open the next; a reader seen for the first time gets an empty window. While an
+        experiment runs, the Window holds its blocks completed since reader's previous snapshot and per-arm Windows
+        (a block still in progress is reported by a later snapshot)."""
         with self._lock:
-            acc = self._windows.pop(reader, None) or _Accumulator()
-            self._windows[reader] = _Accumulator()
+            closed = self._windows.pop(reader, None) or self._opened()
+            self._windows[reader] = self._opened()
             self._forget_old_readers()
-            return _window(acc, config)
+            return closed.window(config, self._arms)
 
     def peek(self, config: EngineConfig, reader: str = "default") -> Window:
         """reader's window so far, left open."""
         with self._lock:
-            return _window(self._windows.get(reader) or _Accumulator(), config)
+            return (self._windows.get(reader) or self._opened()).window(config, self._arms)
+
+    def _opened(self) -> _ReaderWindow:
+        return _ReaderWindow(arms={arm: _Accumulator() for arm in self._arms})
 
     def _forget_old_readers(self) -> None:
         """Readers are kept in the order they last read; the oldest non-built-in one goes when there are too many."""
         extra = [reader for reader in self._windows if reader not in READERS]
         for reader in extra[:max(0, len(self._windows) - MAX_READERS)]:
             del self._windows[reader]
-
-
-def _window(acc: _Accumulator, config: EngineConfig) -> Window:
-    sizes, depths = acc.batch_sizes or [0], acc.queue_depths or [0]
-    return Window(
-        start=acc.start, end=time.time(), config_version=config.version, spec_method=config.spec_method,
-        draft_len=config.speculative_len, steps=acc.steps, num_drafts=acc.num_drafts,
-        drafted_tokens=sum(acc.drafted_per_position), accepted_tokens=sum(acc.accepted_per_position),
-        drafted_per_position=list(acc.drafted_per_position),
-        accepted_per_position=list(acc.accepted_per_position),
-        emitted_tokens=acc.emitted_tokens, prefill_tokens=acc.prefill_tokens,
-        finished_requests=acc.finished_requests, target_forward_seconds=acc.target_forward_seconds,
-        draft_forward_seconds=acc.draft_forward_seconds, step_seconds=acc.step_seconds,
-        ttft_seconds=LatencySummary.of(list(acc.ttft)), inter_token_seconds=LatencySummary.of(list(acc.inter_token)),
-        e2e_seconds=LatencySummary.of(list(acc.e2e)), batch_size_mean=sum(sizes) / len(sizes),
-        batch_size_max=max(sizes), queue_depth_mean=sum(depths) / len(depths), queue_depth_max=max(depths),
-        expert_tokens=_listed(acc.expert_tokens), slot_tokens=_listed(acc.slot_tokens),
-        rank_tokens=_listed(acc.rank_tokens),
-        dropped_tokens=0 if acc.dropped_per_layer is None else int(acc.dropped_per_layer.sum()),
-        dropped_per_layer=_listed(acc.dropped_per_layer),
-        **_balancedness_of(acc.rank_tokens),
-        all_to_all_seconds=acc.all_to_all_seconds, capacity_factor=config.capacity_factor,
-        replacement_seconds=acc.replacement_seconds)
 
 
 def _add(total: torch.Tensor | None, step: torch.Tensor | None) -> torch.Tensor | None:

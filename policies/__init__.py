@@ -1,6 +1,7 @@
 """Declarative controller policies (YAML) and their schema."""
 from policies.schema import (
     AlertAction,
+    JudgePolicy,
     Policy,
     PolicyError,
     load_policy,
@@ -9,5 +10,5 @@ from policies.schema import (
     shipped_policies,
 )
 
-__all__ = ["AlertAction", "Policy", "PolicyError", "load_policy", "parse_policy", "resolve_policy_path",
+__all__ = ["AlertAction", "JudgePolicy", "Policy", "PolicyError", "load_policy", "parse_policy", "resolve_policy_path",
            "shipped_policies"]

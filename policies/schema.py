@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from seam import MAX_DRAFT_LEN
 
@@ -45,9 +45,32 @@ class TrialPolicy(_Section):
     min_predicted_gain: float = Field(1.05, ge=1.0, le=100.0,
                                       description="propose a change only if the model predicts this much gain")
     keep_gain: float = Field(1.0, gt=0.0, le=100.0,
-                             description="keep a trial if trial / baseline tokens per busy second >= this")
+                             description="keep a trial when the judge's lower bound of candidate / incumbent "
+                                         "decode throughput clears this")
     cooldown_windows: int = Field(0, ge=0, description="windows to wait after a rollback before the next trial")
     retry_windows: int = Field(10, ge=1, description="windows before a reverted candidate may be tried again")
+
+
+class JudgePolicy(_Section):
+    """How a trial is run and judged: a switchback experiment of alternating blocks, decided by controller.judge."""
+    block_steps: int = Field(2, ge=1, le=10_000, description="engine steps per switchback block")
+    confidence: float = Field(0.99, ge=0.5, lt=1.0,
+                              description="two-sided confidence of a verdict, over all of a trial's looks together")
+    min_samples: int = Field(10, ge=3, le=10_000,
+                             description="block pairs before the first look, and between two looks")
+    max_blocks: int = Field(120, ge=6, le=100_000,
+                            description="blocks (both arms) after which an undecided trial ends inconclusive")
+    margin: float = Field(0.03, gt=0.0, le=1.0, description=(
+        "an interval within keep_gain x [1 / (1 + margin), 1 + margin] means no difference: the trial stops and "
+        "the incumbent stays"))
+
+    @field_validator("max_blocks")
+    @classmethod
+    def _room_for_a_look(cls, max_blocks: int, info: ValidationInfo) -> int:
+        min_samples = info.data.get("min_samples")
+        if min_samples is not None and max_blocks < 2 * min_samples:
+            raise ValueError(f"must be >= 2 * min_samples ({2 * min_samples}): a trial needs room for one look")
+        return max_blocks
 
 
 class CapacityPolicy(_Section):
@@ -118,6 +141,7 @@ class Policy(_Section):
     slo: SLOPolicy = SLOPolicy()
     speculation: SpeculationPolicy = SpeculationPolicy()
     trial: TrialPolicy = TrialPolicy()
+    judge: JudgePolicy = JudgePolicy()
     capacity: CapacityPolicy = CapacityPolicy()
     placement: PlacementPolicy = PlacementPolicy()
     optuna: OptunaPolicy = OptunaPolicy()

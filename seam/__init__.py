@@ -1,6 +1,7 @@
-"""The seam between engine and controller: the knobs (EngineConfig), per-request SamplingParams, and what the
-engine measured (Window, LatencySummary). Value types only; nothing here imports the project."""
-from seam.config import MAX_DRAFT_LEN, EngineConfig, SamplingParams, SpecMethod
-from seam.window import LatencySummary, Window
+"""The seam between engine and controller: the knobs (EngineConfig), a switchback trial of two of them
+(Experiment), per-request SamplingParams, and what the engine measured (Window, LatencySummary, Block). Value types only; nothing here imports the project."""
+from seam.config import MAX_DRAFT_LEN, EngineConfig, Experiment, SamplingParams, SpecMethod
+from seam.window import Block, LatencySummary, Window
 
-__all__ = ["MAX_DRAFT_LEN", "EngineConfig", "LatencySummary", "SamplingParams", "SpecMethod", "Window"]
+__all__ = ["MAX_DRAFT_LEN", "Block", "EngineConfig", "Experiment", "LatencySummary", "SamplingParams", "SpecMethod",
+           "Window"]

@@ -42,6 +42,16 @@ class EngineConfig(BaseModel):
         return 0 if self.spec_method == "off" else self.draft_len
 
 
+class Experiment(BaseModel):
+    """A switchback trial: the engine alternates the two configs in blocks of block_steps engine steps, in ABBA
+    order (incumbent, candidate, candidate, incumbent, ...), so both arms see the same traffic."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    incumbent: EngineConfig
+    candidate: EngineConfig
+    block_steps: int = Field(4, ge=1, le=10_000, description="engine steps per block")
+
+
 class SamplingParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 

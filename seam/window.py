@@ -25,6 +25,31 @@ class LatencySummary:
 
 
 @dataclass(frozen=True)
+class Block:
+    """One switchback block: block_steps engine steps under one arm of an Experiment. Blocks 2j and 2j + 1 (one of
+    each arm, adjacent in time) form pair j."""
+    index: int
+    arm: str                          # "incumbent" | "candidate"
+    config_version: int
+    steps: int
+    emitted_tokens: int
+    busy_seconds: float               # engine step seconds
+    inter_token_seconds: float | None  # mean inter-token gap of the tokens delivered in the block
+    decode_tokens: int = 0            # emitted by the block's steps that ran no prefill
+    decode_seconds: float = 0.0       # those steps' seconds
+    source: str = ""                  # the engine replica it ran on (set when replicas' windows are merged)
+
+    @property
+    def tokens_per_busy_second(self) -> float:
+        return self.emitted_tokens / self.busy_seconds if self.busy_seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """What the judge compares: a prefill costs the same under any config but swings a block's throughput."""
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class Window:
     start: float                      # unix seconds
     end: float
@@ -61,6 +86,9 @@ class Window:
     all_to_all_seconds: float = 0.0                       # expert-parallel exchange time inside target forwards
     capacity_factor: float = 0.0                          # echo of the config (0 = dropless)
     replacement_seconds: float = 0.0                      # serving stalled while expert weights moved
+    # while an Experiment runs: the blocks completed in this window, and what each arm measured
+    blocks: list[Block] | None = None
+    arms: dict[str, Window] | None = None
 
     @property
     def duration_seconds(self) -> float:

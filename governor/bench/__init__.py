@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from governor.bench import controller_vs_static, moe_parts, overload, soak, speculation, telemetry_overhead
+from governor.bench import controller_vs_static, judge, moe_parts, overload, soak, speculation, telemetry_overhead
 
-BENCHMARKS = (speculation, telemetry_overhead, moe_parts, controller_vs_static, overload, soak)
+BENCHMARKS = (speculation, telemetry_overhead, moe_parts, controller_vs_static, judge, overload, soak)
 
 
 def add_bench_commands(parser: argparse.ArgumentParser) -> None:

@@ -29,7 +29,7 @@ from governor.bench import report
 from governor.control_cli import policy_or_none
 from governor.loaders import load_models
 from policies import Policy
-from seam import EngineConfig
+from seam import EngineConfig, Experiment
 
 NAME = "controller"
 HELP = "the controller vs static configs and the per-phase oracle on phase-shifting load"
@@ -105,9 +105,11 @@ class _RecordingClient(InProcessClient):
         super().__init__(engine)
         self.applies = applies
 
-    def apply(self, config: EngineConfig) -> None:
-        super().apply(config)
-        self.applies.append({"time": time.time(), "config": _label(config), "version": config.version})
+    def apply(self, change: EngineConfig | Experiment) -> None:
+        super().apply(change)
+        config = change.candidate if isinstance(change, Experiment) else change
+        label = f"trial {_label(config)}" if isinstance(change, Experiment) else _label(config)
+        self.applies.append({"time": time.time(), "config": label, "version": config.version})
 
 
 def _run_arm(name: str, models, phases: list[Phase], policy: Policy) -> Arm:

@@ -27,9 +27,11 @@ def build(moe_models, db_url):
 
 
 def fast_policy(**sections) -> dict:
-    """Short windows for tests: 1 s, judged whole (one check), mode probes only when asked for."""
+    """Short windows for tests: 1 s, judged whole (one check), mode probes only when asked for, short switchback
+    trials (blocks of 2 steps, a look every 6 pairs, at most 48 blocks)."""
     base = {"window": {"seconds": 1.0, "checks": 1, "min_emitted_tokens": 50, "min_steps": 5},
-            "speculation": {"reprobe_windows": 1000}, "trial": {"cooldown_windows": 0}}
+            "speculation": {"reprobe_windows": 1000}, "trial": {"cooldown_windows": 0},
+            "judge": {"block_steps": 2, "min_samples": 6, "max_blocks": 48}}
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}
     return base

@@ -51,17 +51,26 @@ def test_trials_live_in_the_rdb_and_the_search_resumes_after_a_restart(build, pr
     assert all(t.value > 0 for t in complete)
 
 
-def test_slo_breaking_trial_is_cut_short_and_the_previous_config_restored(build, prompts):
-    # Every window breaks a 1-microsecond inter-token SLO; the first partial window of the trial is enough to end it.
+def test_slo_breaking_trial_is_cut_short_and_the_previous_config_restored(build, prompts, monkeypatch):
+    # The candidate's steps are made slow (a fault injected for any config but the baseline): its blocks break a
+    # 0.2 s inter-token SLO that the incumbent's blocks meet, and the first partial window of the trial ends it.
     policy = _optuna_policy(budget=5, window={"seconds": 2.0, "checks": 4},
-                            slo={"inter_token_p99_seconds": 1e-6, "builtin_evaluator": False})
+                            slo={"inter_token_p99_seconds": 0.2, "builtin_evaluator": False})
     engine, controller = build(policy, k=3)
     baseline = controller.current
+    forward = engine.target.forward
+
+    def slow_candidate(*args, **kwargs):
+        if engine.config.version != baseline.version:
+            time.sleep(0.3)
+        return forward(*args, **kwargs)
+    monkeypatch.setattr(engine.target, "forward", slow_candidate)
     _tick_until(engine, controller, prompts, lambda: controller.state()["trial"] is not None)
     with ClosedLoopTraffic(engine, prompts):
+        time.sleep(1.5)
+        controller.tick()                    # a few checks, each a quarter of the window
         time.sleep(0.5)
-        controller.tick()                    # one check, a quarter of the window
-        time.sleep(0.3)
+        controller.tick()
     assert controller.state()["trial"] is None
     cut = controller.store.rows(Decision, action="cut_short")
     assert len(cut) == 1 and "inter-token p99" in cut[0]["reason"]

@@ -25,6 +25,11 @@ def test_shipped_policy_names_resolve():
     ("alerts:\n  overrides:\n    HighLatency: reboot\n", "alerts.overrides.HighLatency",
      "'rollback', 'disable_speculation', 'pin' or 'notify'"),
     ("capacity:\n  min_factor: 3\n  max_factor: 2\n", "capacity", "must be <= max_factor"),
+    ("judge:\n  confidence: 1.0\n", "judge.confidence", "allowed: >= 0.5, < 1.0"),
+    ("judge:\n  block_steps: 0\n", "judge.block_steps", "allowed: >= 1, <= 10000"),
+    ("judge:\n  min_samples: 10\n  max_blocks: 12\n", "judge.max_blocks", "must be >= 2 * min_samples (20)"),
+    ("judge:\n  margin: 0\n", "judge.margin", "allowed: > 0.0, <= 1.0"),
+    ("judge:\n  looks: 3\n", "judge.looks", "allowed fields: block_steps, confidence, min_samples, max_blocks"),
 ])
 def test_policy_check_names_file_field_and_allowed_values(tmp_path, capsys, text, field, allowed):
     path = tmp_path / "bad.yaml"

@@ -1,6 +1,6 @@
 """Validate, then act: a write the engine refuses changes nothing (no version, no abandoned trial, no last known good);
 an alert's pin never becomes last known good; an alert's rollback under an operator's pin is recorded as skipped,
-and stays so across a restart."""
+and stays so across a restart; the per-tick drift check takes either arm of a running experiment as intended."""
 import time
 
 import pytest
@@ -12,7 +12,7 @@ from controller.store import ConfigVersion, Decision, Trial
 from policies import parse_policy
 from tests.controller.conftest import fast_policy
 from tests.controller.test_alerts import _payload
-from tests.controller.traffic import ClosedLoopTraffic
+from tests.controller.traffic import GREEDY, ClosedLoopTraffic
 
 PROBING = fast_policy(speculation={"reprobe_windows": 1}, trial={"min_predicted_gain": 100.0})
 
@@ -48,7 +48,8 @@ def test_an_alert_disabling_speculation_mid_trial_pins_the_last_known_good_and_n
     intake = AlertIntake(controller)
     _with_a_trial_running(engine, controller, prompts)
     good = controller.last_known_good
-    assert controller.current != good
+    (trial,) = controller.store.rows(Trial)     # a switchback trial: good is its incumbent, its candidate differs
+    assert controller.current == good and trial["baseline_version"] == good.version != trial["config_version"]
     intake.receive(AlertmanagerPayload.model_validate(_payload(action="disable_speculation", fingerprint="f1")))
     assert controller.current.model_dump(exclude={"version"}) == good.changed(spec_method="off").model_dump(
         exclude={"version"})
@@ -74,3 +75,26 @@ def test_an_alert_rollback_under_an_operator_pin_is_recorded_as_skipped_across_a
     again = AlertIntake(restarted).receive(AlertmanagerPayload.model_validate(_payload(fingerprint="f2")))
     assert again["duplicates"] == 1
     assert restarted.current == pinned and restarted.store.count(Decision, action="rollback") == 0
+
+
+def test_drift_check_leaves_a_running_experiment_alone_and_ends_it_for_a_write_behind_its_back(build, prompts):
+    engine, controller = build(PROBING, k=3)
+    _with_a_trial_running(engine, controller, prompts)
+    good, (trial,) = controller.last_known_good, controller.store.rows(Trial)
+    controller.client.snapshot()        # the blocks run so far are not this test's concern
+    for step in range(200):             # step by hand until the engine serves the candidate's arm
+        if engine.switchback is not None and engine.desired_config.version == trial["config_version"]:
+            break
+        if not engine.has_work:
+            engine.add_request(f"r{step}", prompts[0], GREEDY)
+        engine.step()
+    assert engine.desired_config.version == trial["config_version"] != good.version
+    controller.tick()
+    assert controller.store.count(Decision, action="reapply") == 0 and controller.state()["trial"] is not None
+
+    engine.apply(good.changed(draft_len=1, version=0))
+    controller.tick()
+    (reapplied,) = controller.store.rows(Decision, action="reapply")
+    assert reapplied["inputs"] == {"drifted": {"engine": 0}, "ended_trial": trial["id"]}
+    assert controller.store.rows(Trial)[0]["outcome"] == "abandoned" and controller.state()["trial"] is None
+    assert controller.current == good and engine.desired_config == good

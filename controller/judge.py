@@ -1,0 +1,194 @@
+"""The switchback judge: decides a trial from per-block samples of decode throughput (tokens per second of the
+block's steps that ran no prefill: a prefill costs the same under either config, yet one landing in a block swings
+that block's tokens per busy second several-fold).
+
+Blocks 2j and 2j + 1 of an Experiment ran back to back, one under each arm (ABBA order), so they saw the same
+traffic; their log ratio (candidate over incumbent) cancels drift. The test is the Wilcoxon signed-rank test of
+those paired log ratios (scipy.stats.wilcoxon: robust to the odd block that a long prefill slowed down), with the
+Hodges-Lehmann estimate of the ratio and the interval of ratios the test does not reject. Three outcomes:
+- better: the interval's lower bound clears keep_gain (keep the candidate);
+- worse: its upper bound is below keep_gain (the candidate cannot clear the bar: revert);
+- no_difference: the interval lies within keep_gain x [1 / (1 + margin), 1 + margin] (stop, keep the incumbent);
+otherwise the trial goes on, up to max_blocks, and then ends inconclusive (keep the incumbent).
+Looks happen every min_samples pairs; with K = max_blocks // (2 * min_samples) planned looks, each look uses
+confidence 1 - (1 - confidence) / K (Bonferroni), so stopping at the first decisive look keeps the error rate
+within 1 - confidence however many looks are taken.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from scipy import stats
+
+from policies import JudgePolicy
+from seam import Block
+
+BETTER, WORSE, NO_DIFFERENCE, INCONCLUSIVE = "better", "worse", "no_difference", "inconclusive"
+EXACT_UP_TO = 25      # pairs up to which the signed-rank test uses its exact null distribution
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Candidate / incumbent decode throughput over paired blocks: the Hodges-Lehmann estimate of the ratio,
+    its confidence interval, and the signed-rank p-value of "no difference"."""
+    effect: float
+    low: float
+    high: float
+    p_value: float
+
+
+def compare(incumbent: Iterable[float], candidate: Iterable[float], confidence: float) -> Comparison | None:
+    """Paired comparison of per-block samples (pair i = incumbent[i], candidate[i]) by the Wilcoxon signed-rank test
+    on log ratios; the interval is the set of ratios that test does not reject (each side at (1 - confidence) / 2).
+    None if it cannot be tested (fewer than 2 pairs, a sample <= 0, or every pair with the same ratio)."""
+    incumbent, candidate = np.asarray(list(incumbent), float), np.asarray(list(candidate), float)
+    if len(incumbent) < 2 or (incumbent <= 0).any() or (candidate <= 0).any():
+        return None
+    log_ratios = np.log(candidate) - np.log(incumbent)
+    if np.ptp(log_ratios) == 0:
+        return None
+    walsh = np.add.outer(log_ratios, log_ratios)[np.triu_indices(len(log_ratios))] / 2
+    alpha = (1 - confidence) / 2
+    low = _bound(log_ratios, lambda shift: _p(log_ratios - shift, "greater") < alpha, rejected_below=True)
+    high = _bound(log_ratios, lambda shift: _p(log_ratios - shift, "less") < alpha, rejected_below=False)
+    return Comparison(math.exp(float(np.median(walsh))), math.exp(low), math.exp(high),
+                      _p(log_ratios, "two-sided"))
+
+
+def _bound(log_ratios: np.ndarray, rejected, rejected_below: bool, steps: int = 40) -> float:
+    """Where the test stops rejecting a shift: the interval's lower end (shifts below it rejected) or upper end
+    (shifts above it rejected), by bisection between the smallest and largest log ratio; +-inf if no shift there
+    is rejected."""
+    inside, outside = (log_ratios.max(), log_ratios.min() - 1e-9) if rejected_below else \
+        (log_ratios.min(), log_ratios.max() + 1e-9)
+    if not rejected(outside):
+        return -math.inf if rejected_below else math.inf
+    for _ in range(steps):
+        middle = (inside + outside) / 2
+        inside, outside = (inside, middle) if rejected(middle) else (middle, outside)
+    return float(outside)
+
+
+def _p(differences: np.ndarray, alternative: str) -> float:
+    """The exact null distribution for small samples without ties or zeros, the normal approximation otherwise
+    (scipy's own default would fall back to a slow permutation test on ties)."""
+    if not differences.any():
+        return 1.0
+    magnitudes = np.abs(differences)
+    exact = len(differences) <= EXACT_UP_TO and magnitudes.all() and len(np.unique(magnitudes)) == len(magnitudes)
+    return float(stats.wilcoxon(differences, alternative=alternative, method="exact" if exact else "approx").pvalue)
+
+
+def classify(incumbent: Iterable[float], candidate: Iterable[float], confidence: float, keep_gain: float,
+             margin: float) -> str | None:
+    """The outcome the signed-rank test decides at this confidence, or None if it decides nothing yet: better if
+    "ratio <= keep_gain" is rejected, worse if "ratio >= keep_gain" is, no difference if both "ratio <= keep_gain /
+    (1 + margin)" and "ratio >= keep_gain x (1 + margin)" are (two one-sided tests). The same as asking where
+    compare()'s interval lies, without computing it."""
+    incumbent, candidate = np.asarray(list(incumbent), float), np.asarray(list(candidate), float)
+    if len(incumbent) < 2 or (incumbent <= 0).any() or (candidate <= 0).any():
+        return None
+    log_ratios, alpha, bar = np.log(candidate) - np.log(incumbent), (1 - confidence) / 2, math.log(keep_gain)
+    if _p(log_ratios - bar, "greater") < alpha:
+        return BETTER
+    if _p(log_ratios - bar, "less") < alpha:
+        return WORSE
+    band = math.log(1 + margin)
+    if _p(log_ratios - bar + band, "greater") < alpha and _p(log_ratios - bar - band, "less") < alpha:
+        return NO_DIFFERENCE
+    return None
+
+
+@dataclass
+class Verdict:
+    """What a look found; outcome None means the trial goes on."""
+    outcome: str | None
+    reason: str
+    pairs: int
+    blocks: int
+    look: int
+    looks: int
+    look_confidence: float
+    keep_gain: float
+    comparison: Comparison | None = None
+    samples: dict = field(default_factory=dict)
+
+    @property
+    def decided(self) -> bool:
+        return self.outcome is not None
+
+    def evidence(self) -> dict:
+        """The figures a decision records as its inputs."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("comparison", "reason")}
+        out["comparison"] = None if self.comparison is None else {
+            "effect": round(self.comparison.effect, 4), "interval": [round(self.comparison.low, 4),
+                                                                     round(self.comparison.high, 4)],
+            "p_value": self.comparison.p_value}
+        out["test"] = ("Wilcoxon signed-rank test of paired log(candidate / incumbent) block ratios "
+                       "(scipy.stats.wilcoxon); Hodges-Lehmann effect; interval by inverting the test")
+        return out
+
+
+class SwitchbackJudge:
+    def __init__(self, settings: JudgePolicy, keep_gain: float):
+        self.settings, self.keep_gain = settings, keep_gain
+        self.looks = max(1, settings.max_blocks // (2 * settings.min_samples))
+        self.look_confidence = 1 - (1 - settings.confidence) / self.looks
+        self._blocks: dict[tuple[str, int], Block] = {}
+        self._looked = 0
+
+    def add(self, blocks: Iterable[Block]) -> None:
+        for block in blocks:
+            self._blocks[(block.source, block.index)] = block
+
+    def pairs(self) -> list[tuple[Block, Block]]:
+        """(incumbent, candidate) blocks of each complete pair whose blocks both ran decode-only steps, an even number
+        of them (AB and BA pairs alike, so a linear trend in the traffic cancels)."""
+        out = []
+        for (source, index), first in sorted(self._blocks.items()):
+            second = self._blocks.get((source, index + 1))
+            if index % 2 or second is None or first.arm == second.arm:
+                continue
+            incumbent, candidate = (first, second) if first.arm == "incumbent" else (second, first)
+            if incumbent.decode_tokens_per_second > 0 and candidate.decode_tokens_per_second > 0:
+                out.append((incumbent, candidate))
+        return out[:len(out) // 2 * 2]
+
+    def look(self) -> Verdict | None:
+        """A verdict at each planned look (every min_samples pairs), None between looks. The last look (max_blocks
+        reached) always decides: inconclusive if the evidence is not decisive by then."""
+        pairs, blocks = self.pairs(), len(self._blocks)
+        exhausted = blocks >= self.settings.max_blocks
+        if not exhausted and len(pairs) < (self._looked + 1) * self.settings.min_samples:
+            return None
+        self._looked += 1
+        final = exhausted or self._looked >= self.looks
+        incumbent = [i.decode_tokens_per_second for i, _ in pairs]
+        candidate = [c.decode_tokens_per_second for _, c in pairs]
+        outcome = classify(incumbent, candidate, self.look_confidence, self.keep_gain, self.settings.margin)
+        if outcome is None and not final:
+            return Verdict(None, "not decisive yet", len(pairs), blocks, self._looked, self.looks,
+                           self.look_confidence, self.keep_gain)
+        outcome = outcome or INCONCLUSIVE
+        comparison = compare(incumbent, candidate, self.look_confidence)
+        return Verdict(outcome, self._reason(outcome, comparison, len(pairs), blocks), len(pairs), blocks, self._looked,
+                       self.looks, self.look_confidence, self.keep_gain, comparison,
+                       {"incumbent_decode_tokens_per_second": [round(x, 2) for x in incumbent],
+                        "candidate_decode_tokens_per_second": [round(x, 2) for x in candidate],
+                        "incumbent_inter_token_seconds": [i.inter_token_seconds for i, _ in pairs],
+                        "candidate_inter_token_seconds": [c.inter_token_seconds for _, c in pairs]})
+
+    def _reason(self, outcome: str, comparison: Comparison | None, pairs: int, blocks: int) -> str:
+        if comparison is None:
+            return f"{pairs} block pairs that can be tested after {blocks} blocks: inconclusive"
+        measured = (f"candidate / incumbent {comparison.effect:.3f}x, {self.look_confidence:.2%} interval "
+                    f"[{comparison.low:.3f}, {comparison.high:.3f}], p = {comparison.p_value:.3g}, {pairs} block pairs "
+                    f"(look {self._looked} of {self.looks})")
+        verdicts = {BETTER: f"lower bound clears {self.keep_gain:.3f}x",
+                    WORSE: f"upper bound below {self.keep_gain:.3f}x",
+                    NO_DIFFERENCE: f"within {self.keep_gain:.3f}x +/- {self.settings.margin:.0%}: no difference",
+                    INCONCLUSIVE: f"not decisive after {blocks} blocks: inconclusive"}
+        return f"{measured}: {verdicts[outcome]}"
