@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
+from collections.abc import Callable
 
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
@@ -18,14 +19,16 @@ SWEEP_SECONDS = 3600.0
 
 
 class RetentionSweeper:
-    def __init__(self, controller: Controller, days: float, every_seconds: float = SWEEP_SECONDS):
-        """days: how long records are kept; 0 keeps everything (the sweeper then does nothing)."""
-        self.controller, self.days, self.every_seconds = controller, days, every_seconds
+    def __init__(self, controller: Controller, days: float, leading: Callable[[], bool] = lambda: True,
+                 every_seconds: float = SWEEP_SECONDS):
+        """days: how long records are kept; 0 keeps everything (the sweeper then does nothing). leading: whether
+        this process leads (a standby sweeps nothing)."""
+        self.controller, self.days, self.leading, self.every_seconds = controller, days, leading, every_seconds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def sweep(self, now: dt.datetime | None = None) -> dict[str, int]:
-        if self.days <= 0:
+        if self.days <= 0 or not self.leading():
             return {}
         now = now or dt.datetime.now(dt.timezone.utc)
         controller = self.controller

@@ -324,6 +324,25 @@ class Store:
                      "decision_id": None if outcome is None else outcome.decision_id}
                     for alert, outcome in session.execute(query)]
 
+    def defer_alert(self, alert_id: int, detail: str) -> None:
+        """Leave a notification to the leader (outcome 'deferred'), unless its action already ran and did not fail."""
+        try:
+            with self.write(fenced=False) as session:
+                session.execute(update(AlertOutcome).where(AlertOutcome.alert_id == alert_id,
+                                                           AlertOutcome.outcome == "failed")
+                                .values(outcome="deferred", detail=detail[:1000]))
+                if session.get(AlertOutcome, alert_id) is None:
+                    session.add(AlertOutcome(alert_id=alert_id, outcome="deferred", detail=detail[:1000]))
+        except IntegrityError:
+            pass        # the leader settled it meanwhile
+
+    def deferred_alerts(self) -> list[dict]:
+        """Notifications a standby received and left to the leader, oldest first."""
+        with Session(self.engine) as session:
+            query = (select(AlertRecord).join(AlertOutcome, AlertOutcome.alert_id == AlertRecord.id)
+                     .where(AlertOutcome.outcome == "deferred").order_by(AlertRecord.id))
+            return [_as_dict(alert) for alert in session.scalars(query)]
+
     def settle_alert(self, alert_id: int, outcome: str, detail: str) -> None:
         """Record an alert outcome that has no decision of its own (skipped without effect, or failed)."""
         with self.write() as session:
