@@ -8,7 +8,8 @@ from fastapi import APIRouter
 
 from controller.admin import create_admin_router
 from controller.alerts import AlertIntake
-from controller.clients import EngineClient
+from controller.canary import FleetCanary
+from controller.clients import EngineClient, HttpClient
 from controller.counters import MetricsSink
 from controller.lease import Lease
 from controller.loop import Controller
@@ -48,6 +49,8 @@ def build_control_plane(client: EngineClient, policy: Policy | str, db_url: str,
     if isinstance(policy, str):
         policy, policy_name = load_policy(policy), policy
     store = Store(db_url)
+    if isinstance(client, HttpClient) and len(client.urls) > 1:     # reads the policy in force at each trial
+        client = FleetCanary(client, lambda: controller.policy.trial)
     controller = Controller(client, store, policy, policy_name or "custom", metrics=metrics, on_decision=on_decision,
                             resume=lease_holder is None)
     if lease_holder is None:
