@@ -57,7 +57,7 @@ class OneCandidate:
 def _slow_unless(engine, baseline_version: int) -> None:
     """Every step of any config but the baseline spends SLOWDOWN more of its own time, inside the step's timing (its
     drafts and target forward run, then it waits before verifying)."""
-    draft, verify, began = engine._draft, engine._verify, [0.0]
+    draft, verify, began = engine._draft, engine._verify, [time.perf_counter()]
 
     def timed_draft(*args, **kwargs):
         began[0] = time.perf_counter()
