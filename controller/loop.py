@@ -74,7 +74,7 @@ class Controller:
         self.strategy = self._strategy_for(policy) if resume else RulePolicy(policy)
         self._before_search: tuple[Policy, str] | None = None
         self._wanted: EngineConfig | None = None     # a config to converge to that could not be applied yet
-        self.current, self.last_known_good = self._resume() if resume else self._observed()
+        self.current, self.last_known_good = self._resume() if resume else self._stored()
 
     # -- start, stop, one tick -------------------------------------------------------------------------------------
 
@@ -380,8 +380,12 @@ class Controller:
         with self.lock:
             self._trial, self._parts, self._wanted, self._no_data, self._slo_alert = None, [], None, False, None
 
-    def _observed(self) -> tuple[EngineConfig, EngineConfig]:
-        """A standby's view: what the store says runs, without changing anything."""
+    def observe(self) -> None:
+        """A standby's view, refreshed: what the store says runs (the leader's pin or last known good)."""
+        with self.lock:
+            self.current, self.last_known_good = self._stored()
+
+    def _stored(self) -> tuple[EngineConfig, EngineConfig]:
         pin, lkg = self.store.pin(), self.store.last_known_good()
         lkg = lkg or self.client.config()
         return (self.store.config(pin.config_version) if pin else lkg), lkg

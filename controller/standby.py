@@ -58,6 +58,8 @@ class LeaderLoop:
             if epoch is not None:
                 self.controller.take_over()
                 self._led = epoch
-        if epoch is not None:
-            self.intake.act_on_deferred()
-            self.controller.tick()
+        if epoch is None:
+            self.controller.observe()
+            return
+        self.intake.act_on_deferred()
+        self.controller.tick()

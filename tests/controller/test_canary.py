@@ -142,8 +142,8 @@ def test_a_slowed_candidate_is_rejected_on_the_canary_alone(moe_models, tmp_path
             if strategy.outcomes:
                 break
 
-    print([(d["action"], d["reason"][:150]) for d in controller.store.rows(Decision, 8)])
-    assert strategy.outcomes == ["reverted"], strategy.outcomes
+    decisions = controller.store.rows(Decision, 8)
+    assert strategy.outcomes == ["reverted"], [(d["action"], d["reason"]) for d in decisions]
     canary, other = applied
     trial = controller.store.rows(Trial)[0]
     assert [c.version for c in canary] == [trial["config_version"], baseline.version]    # the candidate, the revert

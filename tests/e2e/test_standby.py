@@ -89,8 +89,7 @@ def test_kill_9_of_the_leader_mid_trial_hands_over_to_the_standby(engine_server,
         processes[leader].wait(timeout=10)
         _wait(lambda: (_leadership(ports[standby]) or {}).get("role") == "leader", "the standby to lead", 10)
         took = time.monotonic() - killed
-        print(f"TAKEOVER {took:.2f}")
-        assert took <= 2 * WINDOW
+        assert took <= 2 * WINDOW, f"the standby led {took:.2f} s after the kill"
 
         _wait(lambda: store.decisions(action="resume"), "the new leader's resume")
         finished = next(t for t in store.rows(Trial) if t["id"] == trial["id"])
