@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable
 
 from controller.clients import HttpClient
-from controller.window_stats import merge_windows
+from controller.window_stats import MIXED_VERSIONS, merge_windows
 from policies import TrialPolicy
 from seam import Block, EngineConfig, Experiment, Window
 
@@ -58,8 +58,10 @@ class FleetCanary:
         merged = merge_windows(list(windows.values()))
         canary = [window for url, window in windows.items() if url in self.canaries]
         baseline = [window for url, window in windows.items() if url not in self.canaries]
-        if not self.canaries or not canary or not baseline:
+        if not self.canaries:
             return merged
+        if not canary or not baseline:      # one side did not answer: no data, and a trial without any ends
+            return dataclasses.replace(merged, config_version=MIXED_VERSIONS, arms=None, blocks=None)
         arms = {"candidate": merge_windows(canary), "incumbent": merge_windows(baseline)}
         blocks = [_block(2 * self._pairs, "incumbent", arms["incumbent"]),
                   _block(2 * self._pairs + 1, "candidate", arms["candidate"])]
