@@ -1,11 +1,14 @@
 """`governor serve` launched by torchrun as if on two nodes: two agents on loopback, one process each. Rank 0 serves
-HTTP with half of the experts, rank 1 holds the other half, and greedy completions equal the single process's."""
+HTTP with half of the experts, rank 1 holds the other half, and greedy completions equal the single process's; when
+rank 1 dies, the request in flight gets a 5xx and rank 0 exits non-zero for torchrun to restart the group."""
+import os
+import signal
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import pytest
 import torch
 
 from engine.engine import Engine
@@ -29,14 +32,27 @@ def single_process_texts() -> list[str]:
     return [models.tokenizer.decode(tokens) for tokens in outputs]
 
 
+def complete_reply(url: str, prompt: str, max_tokens: int = MAX_TOKENS) -> httpx.Response:
+    return httpx.post(f"{url}/v1/completions", timeout=120, json={
+        "model": "governor-moe", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+
+
 def complete(url: str, prompt: str) -> str:
-    reply = httpx.post(f"{url}/v1/completions", timeout=120, json={
-        "model": "governor-moe", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True})
+    reply = complete_reply(url, prompt)
     assert reply.status_code == 200, reply.text
     return reply.json()["choices"][0]["text"]
 
 
-def test_two_torchrun_agents_serve_the_single_process_completions(tmp_path):
+def rank_process(agent: Server) -> int:
+    """The one governor process an agent started."""
+    children = [int(pid) for task in Path(f"/proc/{agent.process.pid}/task").iterdir()
+                for pid in (task / "children").read_text().split()]
+    ranks = [pid for pid in children if b"governor" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(ranks) == 1, f"{agent.name} runs {ranks}"
+    return ranks[0]
+
+
+def test_two_torchrun_agents_serve_the_single_process_completions_and_fail_loudly_without_rank_1(tmp_path):
     master_port, port = free_port(), free_port()
     agents = [Server(f"torchrun-node{node}", [
         str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
@@ -51,9 +67,15 @@ def test_two_torchrun_agents_serve_the_single_process_completions(tmp_path):
             assert list(pool.map(lambda prompt: complete(url, prompt), PROMPTS)) == expected
         assert httpx.get(f"{url}/health").json() == {"status": "ok", "model": "governor-moe"}
         assert "expert-parallel rank 1 of 2" in agents[1].log()
-        assert agents[1].process.poll() is None
+
+        with ThreadPoolExecutor(1) as pool:     # kill -9 of rank 1 mid-request: a 5xx, and rank 0 exits for torchrun
+            in_flight = pool.submit(complete_reply, url, PROMPTS[0], 400)
+            time.sleep(0.5)
+            os.kill(rank_process(agents[1]), signal.SIGKILL)
+            failed = in_flight.result(timeout=60)
+        assert failed.status_code == 503 and failed.json()["error"]["code"] == "expert_parallel_rank_failed"
+        assert agents[0].process.wait(timeout=60) != 0       # no --max-restarts: torchrun gives up with rank 0
+        assert "torchrun launched it, so this rank exits for torchrun to restart the group" in agents[0].log()
     finally:
         for agent in agents:
             agent.stop()
-    with pytest.raises(httpx.ConnectError):        # stopping the agents stopped rank 0 too
-        httpx.get(f"{url}/health")
