@@ -99,14 +99,14 @@ class ExpertParallel:
                                       "group per process")
         if not target.moe_blocks:
             raise ValueError("expert parallelism needs an MoE target; this one is dense")
+        if member is not None and (member.rank, member.world) != (0, ranks):
+            raise ValueError(f"rank 0 of {ranks} ranks cannot serve as rank {member.rank} of {member.world}")
         parameter = next(target.parameters())
         device, dtype = parameter.device, parameter.dtype
         if member is None and device.type == "cuda" and ranks > torch.cuda.device_count():
             raise ValueError(f"--ep {ranks} needs one GPU per rank; this machine has {torch.cuda.device_count()}")
         self.topology = expert_topology(target.spec.num_experts, ranks, redundant_experts)
         self.timeout_seconds = timeout_seconds
-        if member is not None and (member.rank, member.world) != (0, ranks):
-            raise ValueError(f"rank 0 of {ranks} ranks cannot serve as rank {member.rank} of {member.world}")
         backend = "nccl" if device.type == "cuda" else "gloo"
         self._workers: list[mp.Process] = []
         if member is None:
@@ -166,6 +166,7 @@ class ExpertParallel:
         for worker in self._workers:
             worker.join(timeout=10)
         self._leave()
+        self._workers = []
 
     def close(self) -> None:
         """Stop the workers (terminating any spawned here that do not stop in time) and leave the process group."""
@@ -209,7 +210,7 @@ class ExpertParallel:
 
 def serve_worker(member: GroupMember, backend: str, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> None:
     """A worker rank: join the group, hold this rank's expert slots and mirror rank 0's target forwards until rank 0
-    says stop. Raises (an ExpertParallelError or what failed) when the group fails, so its launcher sees it."""
+    says stop. Raises what failed (a collective when a peer died, the loader, ...), so its launcher sees it."""
     channel = member.join(backend, timeout_seconds)
     heartbeat = channel.start_heartbeat()
     try:
@@ -223,12 +224,10 @@ def serve_worker(member: GroupMember, backend: str, timeout_seconds: float = DEF
             drop_logical_experts(target)
             cache = KVCache(target.spec, limits.num_blocks * limits.block_size, dtype, device)
         except Exception as error:
-            channel.gather(error)
+            channel.gather(error)       # rank 0 reports it
             raise
         channel.gather("ready")
         _mirror(channel, target, experts, cache, limits, device)
-    except RuntimeError as error:
-        raise ExpertParallelError(f"expert-parallel rank {member.rank}: the group failed: {error}") from error
     finally:
         heartbeat.set()
         if dist.is_initialized():
