@@ -229,7 +229,7 @@ def serve_worker(member: GroupMember, backend: str, timeout_seconds: float = DEF
         channel.gather("ready")
         _mirror(channel, target, experts, cache, limits, device)
     finally:
-        heartbeat.set()
+        heartbeat.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
 

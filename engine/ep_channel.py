@@ -93,20 +93,9 @@ class CommandChannel:
         dist.gather_object(reply, replies, dst=0, group=self._replies)
         return replies[1:] if self.rank == 0 else []
 
-    def start_heartbeat(self) -> threading.Event:
-        """A worker: bump this rank's counter in the rendezvous store until the returned event is set."""
-        stop = threading.Event()
-
-        def beat() -> None:
-            try:
-                while not stop.is_set():
-                    self._store.add(_heartbeat_key(self.rank), 1)
-                    stop.wait(HEARTBEAT_SECONDS)
-            except RuntimeError:
-                return      # the store is gone with rank 0; the command receive fails too and ends the worker
-
-        threading.Thread(target=beat, name=f"governor-ep-heartbeat{self.rank}", daemon=True).start()
-        return stop
+    def start_heartbeat(self) -> Heartbeat:
+        """A worker: bump this rank's counter in the rendezvous store until the heartbeat is stopped."""
+        return Heartbeat(self._store, self.rank)
 
     def silent_ranks(self) -> list[int]:
         """Rank 0: workers whose heartbeat has not moved for STALE_HEARTBEAT_SECONDS (checked once a beat)."""
@@ -119,6 +108,29 @@ class CommandChannel:
                     if self._beats.get(rank, (None,))[0] != count:
                         self._beats[rank] = (count, now)
             return [rank for rank, (_, seen) in self._beats.items() if now - seen > STALE_HEARTBEAT_SECONDS]
+
+
+class Heartbeat:
+    """A thread that bumps a rank's counter in the store every HEARTBEAT_SECONDS."""
+
+    def __init__(self, store: dist.Store, rank: int):
+        self._store, self._key = store, _heartbeat_key(rank)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"governor-ep-heartbeat{rank}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop and wait for the thread: one still inside a store call when the process exits aborts it."""
+        self._stop.set()
+        self._thread.join(timeout=5 * HEARTBEAT_SECONDS)
+
+    def _beat(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._store.add(self._key, 1)
+                self._stop.wait(HEARTBEAT_SECONDS)
+        except RuntimeError:
+            return      # the store is gone with rank 0; the command receive fails too and ends the worker
 
 
 def _heartbeat_key(rank: int) -> str:
