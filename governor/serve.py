@@ -112,7 +112,8 @@ def run_serve(args: argparse.Namespace) -> int:
                             on_fatal=lambda _: setattr(server, "should_exit", True))
     metrics.registry.register(ServingLimitsCollector(models.name, service.admission, engine.allocator, {
         "max_body_bytes": settings.max_body_bytes, "max_prompt_chars": settings.max_prompt_chars,
-        "max_sse_clients": settings.max_sse_clients, "max_num_seqs": settings.max_num_seqs}))
+        "max_sse_clients": settings.max_sse_clients, "max_connections": settings.max_connections,
+        "max_num_seqs": settings.max_num_seqs}))
     health = Health()
     plane = None
     if policy is not None:
@@ -154,7 +155,7 @@ def run_serve(args: argparse.Namespace) -> int:
     app.router.lifespan_context = lifespan
     # an open dashboard holds an endless event stream: cut it after a short grace instead of waiting for the tab
     server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                           timeout_graceful_shutdown=3))
+                                           timeout_graceful_shutdown=3, limit_concurrency=settings.max_connections))
     with contextlib.suppress(KeyboardInterrupt):    # uvicorn re-raises the Ctrl-C it shut down on, as uvicorn.run
         server.run()
     if not server.started:
