@@ -52,6 +52,13 @@ def _all_see_a_leader(ports) -> list[dict] | None:
     return states if all(state and state["leader"] for state in states) else None
 
 
+def _open_trial(store: Store) -> dict | None:
+    """A running trial whose `trial` decision is recorded (the two are separate writes)."""
+    running = {t["id"]: t for t in store.rows(Trial) if t["outcome"] == "running"}
+    recorded = [d["trial_id"] for d in store.decisions(action="trial") if d["trial_id"] in running]
+    return running[recorded[0]] if recorded else None
+
+
 def _wait(condition, what: str, timeout: float = 60.0):
     deadline = time.monotonic() + timeout
     while not (value := condition()):
@@ -83,7 +90,7 @@ def test_kill_9_of_the_leader_mid_trial_hands_over_to_the_standby(engine_server,
         again = httpx.post(f"http://127.0.0.1:{ports[leader]}/alerts", json=alert, headers=AUTH).json()
         assert again["duplicates"] == 1 and len(store.decisions(action="notify")) == 1
 
-        trial = _wait(lambda: [t for t in store.rows(Trial) if t["outcome"] == "running"], "a trial")[0]
+        trial = _wait(lambda: _open_trial(store), "a trial and its decision")
         processes[leader].send_signal(signal.SIGKILL)
         killed = time.monotonic()
         processes[leader].wait(timeout=10)
