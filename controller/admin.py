@@ -1,6 +1,7 @@
 """The controller's admin API: reads (window, config, decisions, history, trials, alerts, policy) and
 token-guarded writes (pin a config, release, roll back, switch policy, start/stop an Optuna search,
-Alertmanager webhook)."""
+Alertmanager webhook). On a standby controller (one that leads by a lease and does not hold it) the writes answer
+409 naming the leader, and the webhook records each alert for the leader to act on."""
 from __future__ import annotations
 
 from asyncio import to_thread
@@ -12,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from controller.alerts import AlertIntake, AlertmanagerPayload
 from controller.clients import ApplyFailed, EngineClientError
+from controller.lease import Lease
 from controller.loop import Controller
 from engine.api_common import APIError, bearer_guard, invalid_body
 from engine.openapi import ERRORS, error, json_body
@@ -45,9 +47,21 @@ POLICY_SWITCH = {"type": "object", "additionalProperties": False, "oneOf": [{"re
                                 "policy": {"$ref": "#/components/schemas/Policy"}}}
 
 
-def create_admin_router(controller: Controller, intake: AlertIntake, admin_token: str | None) -> APIRouter:
-    """Every database read and write runs in a worker thread, never on the event loop."""
-    admin = [Depends(bearer_guard(admin_token))]
+def leader_guard(lease: Lease | None):
+    """A dependency that refuses (409) a write on a standby: only the lease holder acts."""
+    def require_leader() -> None:
+        if lease is not None and not lease.leading():
+            raise APIError(409, f"this controller ({lease.holder}) is a standby; the leader is {lease.leader}: send "
+                           "writes to it", kind="conflict_error")
+    return require_leader
+
+
+def create_admin_router(controller: Controller, intake: AlertIntake, admin_token: str | None,
+                        lease: Lease | None = None) -> APIRouter:
+    """Every database read and write runs in a worker thread, never on the event loop. lease: the leader lease this
+    controller leads by (None: it leads alone)."""
+    token = [Depends(bearer_guard(admin_token))]
+    admin = [*token, Depends(leader_guard(lease))]      # writes: the token, and only on the leader
     router = APIRouter()
     store = controller.store
 
@@ -63,10 +77,12 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
 
     @router.get("/admin/controller")
     async def state():
-        return await to_thread(controller.state)
+        leadership = {"role": "leader", "holder": None, "leader": None, "epoch": None} if lease is None \
+            else lease.state()
+        return {**await to_thread(controller.state), "leadership": leadership}
 
     @router.put("/admin/config", dependencies=admin, openapi_extra=json_body(EngineConfig),
-                responses={**ERRORS, **APPLY_FAILED})
+                responses={**ERRORS, **APPLY_FAILED, **CONFLICT})
     async def pin_config(request: Request):
         try:
             config = EngineConfig.model_validate_json(await request.body(), strict=True)
@@ -89,7 +105,7 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
             raise APIError(409, "no config is pinned", kind="conflict_error")
         return {"config": controller.current.model_dump(), "pinned": False, "decision": decision}
 
-    @router.post("/admin/rollback", dependencies=admin, responses=APPLY_FAILED)
+    @router.post("/admin/rollback", dependencies=admin, responses={**APPLY_FAILED, **CONFLICT})
     async def rollback():
         try:
             decision = await to_thread(controller.rollback, "operator rollback via POST /admin/rollback", lift_pin=True)
@@ -119,7 +135,8 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
     async def get_policy():
         return {"name": controller.policy_name, "policy": controller.policy.model_dump(), "shipped": shipped_policies()}
 
-    @router.put("/admin/policy", dependencies=admin, responses=ERRORS, openapi_extra=json_body(POLICY_SWITCH, Policy))
+    @router.put("/admin/policy", dependencies=admin, responses={**ERRORS, **CONFLICT},
+                openapi_extra=json_body(POLICY_SWITCH, Policy))
     async def switch_policy(request: Request):
         try:
             body = PolicySwitch.model_validate_json(await request.body())
@@ -152,7 +169,7 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
         return switched(await to_thread(controller.stop_search, load_policy("default"), "default"),
                         "no Optuna search is running")
 
-    @router.post("/alerts", dependencies=admin, responses={**ERRORS, **ALERT_FAILED})
+    @router.post("/alerts", dependencies=token, responses={**ERRORS, **ALERT_FAILED})
     async def receive_alerts(payload: AlertmanagerPayload):
         """5xx while any alert's action failed, so that Alertmanager delivers the notification again."""
         outcome = await to_thread(intake.receive, payload)

@@ -6,10 +6,14 @@ between recording and acting) is acted on.
 
 Pins against alerts: while a pin holds (an operator's or another alert's), an alert's config-changing action
 (rollback, disable_speculation, pin) is not taken; it is recorded as a `skip` decision naming the pin. The pin's
-owner decides what runs; a resolved alert releases only the pin it owns."""
+owner decides what runs; a resolved alert releases only the pin it owns.
+
+A standby controller (controller/lease.py) acts on nothing: it records each notification as `deferred`, and the
+leader acts on deferred notifications at its next tick, so an alert delivered to either process acts once."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema,
@@ -78,8 +82,8 @@ class AlertmanagerPayload(BaseModel):
 
 
 class AlertIntake:
-    def __init__(self, controller: Controller):
-        self.controller = controller
+    def __init__(self, controller: Controller, leading: Callable[[], bool] = lambda: True):
+        self.controller, self.leading = controller, leading
         controller.alerts = self
 
     def action_for(self, alert: Alert) -> str:
@@ -89,19 +93,28 @@ class AlertIntake:
 
     def receive(self, payload: AlertmanagerPayload, source: str = "alertmanager") -> dict:
         """failed lists the alerts whose action did not succeed: answer 5xx so that Alertmanager delivers again."""
-        outcome = {"received": len(payload.alerts), "acted": [], "skipped": [], "failed": [], "duplicates": 0,
-                   "resolved": 0}
+        outcome = {"received": len(payload.alerts), "acted": [], "skipped": [], "failed": [], "deferred": [],
+                   "duplicates": 0, "resolved": 0}
         for alert in payload.alerts:
             result = self._one(alert, source)
             if result is None:
                 outcome["duplicates"] += 1
-            elif result["outcome"] in ("skipped", "failed"):
+            elif result["outcome"] in ("skipped", "failed", "deferred"):
                 outcome[result["outcome"]].append(result)
             elif alert.status == "resolved":
                 outcome["resolved"] += 1
             else:
                 outcome["acted"].append(result)
         return outcome
+
+    def act_on_deferred(self) -> int:
+        """The leader's part: act on the notifications standbys deferred to it; returns how many it took up."""
+        rows = self.controller.store.deferred_alerts()
+        for row in rows:
+            alert = Alert(status=row["status"], labels=row["labels"], annotations=row["annotations"],
+                          startsAt=row["starts_at"], fingerprint=row["fingerprint"])
+            self._one(alert, row["source"])
+        return len(rows)
 
     def builtin(self, status: str, starts_at: str, summary: str) -> None:
         """The built-in SLO evaluator's alert, for when no Prometheus runs."""
@@ -121,6 +134,10 @@ class AlertIntake:
                 return None
             result = {"alert": name, "fingerprint": alert.fingerprint,
                       "action": "resolved" if alert.status == "resolved" else action}
+            if not self.leading():
+                detail = "received by a standby controller: the leader acts on it at its next tick"
+                controller.store.defer_alert(alert_id, detail)
+                return {**result, "outcome": "deferred", "reason": detail}
             try:
                 decision = self._act(alert, name, action, alert_id, source)
             except PinHeld as held:

@@ -111,9 +111,13 @@ class HttpClient:
             raise EngineClientError("no engine replica answers: " + "; ".join(self.degraded.values()))
         return replies
 
-    def snapshot(self) -> Window:
+    def windows(self) -> dict[str, Window]:
+        """Each answering replica's window, closed now (snapshot() is their merge)."""
         replies = self._each("GET", f"/admin/window?reader={READER}")
-        return merge_windows([window_from_dict(reply, url) for url, reply in replies.items()])
+        return {url: window_from_dict(reply, url) for url, reply in replies.items()}
+
+    def snapshot(self) -> Window:
+        return merge_windows(list(self.windows().values()))
 
     def check(self, config: EngineConfig) -> None:
         self._each("POST", "/admin/config/check", content=config.model_dump_json())
@@ -123,9 +127,14 @@ class HttpClient:
         changed get the previous change back."""
         for config in (change.incumbent, change.candidate) if isinstance(change, Experiment) else (change,):
             self.check(config)
+        self.apply_each({url: change for url in self.urls}, change)
+
+    def apply_each(self, changes: dict[str, EngineConfig | Experiment], whole: EngineConfig | Experiment) -> None:
+        """Each answering replica its own change (checked already); whole: what the fleet then runs, given back to
+        those changed if a later replica fails half way."""
         changed = []
         try:
-            for url in self.urls:
+            for url, change in changes.items():
                 if url in self.degraded:
                     continue
                 try:
@@ -139,7 +148,7 @@ class HttpClient:
             raise
         if not changed:
             raise EngineClientError("no engine replica answers: " + "; ".join(self.degraded.values()))
-        self._applied = change
+        self._applied = whole
 
     def _put(self, url: str, change: EngineConfig | Experiment) -> None:
         """PUT /admin/experiment for an Experiment, PUT /admin/config for a config (which ends a running one)."""

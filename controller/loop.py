@@ -55,7 +55,8 @@ class _Trial:
 
 class Controller:
     def __init__(self, client: EngineClient, store: Store, policy: Policy, policy_name: str = "default",
-                 metrics: MetricsSink | None = None, on_decision=None):
+                 metrics: MetricsSink | None = None, on_decision=None, resume: bool = True):
+        """resume: take charge at once (a standby passes False, and take_over() once it holds the lease)."""
         self.client, self.store, self.metrics = client, store, metrics or CountingSink()
         self.on_decision = on_decision or (lambda decision_id, action, reason: None)
         self.lock = threading.RLock()               # held by every state change (loop, alerts, operators)
@@ -70,10 +71,10 @@ class Controller:
         self._slo_alert: str | None = None         # startsAt of the built-in SLO alert while it fires
         self.alerts = None                         # set by AlertIntake, for the built-in SLO evaluator
         self.policy, self.policy_name = policy, policy_name
-        self.strategy = self._strategy_for(policy)
+        self.strategy = self._strategy_for(policy) if resume else RulePolicy(policy)
         self._before_search: tuple[Policy, str] | None = None
         self._wanted: EngineConfig | None = None     # a config to converge to that could not be applied yet
-        self.current, self.last_known_good = self._resume()
+        self.current, self.last_known_good = self._resume() if resume else self._stored()
 
     # -- start, stop, one tick -------------------------------------------------------------------------------------
 
@@ -364,6 +365,30 @@ class Controller:
                     "pin": None if pin is None else pin.__dict__, "window_index": self.window_index,
                     "trial": None if self._trial is None else {"id": self._trial.id, "kind": self._trial.proposal.kind,
                                                                "reason": self._trial.proposal.reason}}
+
+    def take_over(self) -> None:
+        """Take charge of the engines from where the store leaves them (a standby that now holds the lease): the
+        trial a dead leader left open is recorded as interrupted, and the pinned or last known good config comes
+        back. The strategy starts afresh (an Optuna search fails the trial the dead leader left running)."""
+        with self.lock:
+            self.step_down()
+            self.strategy = self._strategy_for(self.policy)
+            self.current, self.last_known_good = self._resume()
+
+    def step_down(self) -> None:
+        """Forget what this process was doing as leader, writing nothing (its lease has moved on)."""
+        with self.lock:
+            self._trial, self._parts, self._wanted, self._no_data, self._slo_alert = None, [], None, False, None
+
+    def observe(self) -> None:
+        """A standby's view, refreshed: what the store says runs (the leader's pin or last known good)."""
+        with self.lock:
+            self.current, self.last_known_good = self._stored()
+
+    def _stored(self) -> tuple[EngineConfig, EngineConfig]:
+        pin, lkg = self.store.pin(), self.store.last_known_good()
+        lkg = lkg or self.client.config()
+        return (self.store.config(pin.config_version) if pin else lkg), lkg
 
     def _resume(self) -> tuple[EngineConfig, EngineConfig]:
         for trial in self.store.running_trials():

@@ -1,16 +1,22 @@
-"""The controller's durable record (SQLAlchemy 2.x): config versions with diffs, trials, decisions, alerts,
-rollbacks, and the last-known-good config. Every write commits at once, so a kill -9 loses nothing recorded."""
+"""The controller's durable record (SQLAlchemy 2.x, on SQLite or PostgreSQL by URL): config versions with diffs,
+trials, decisions, alerts, rollbacks, and the last-known-good config. Every write commits at once, so a kill -9 loses
+nothing recorded. Writers on several connections (two controller processes) are safe: alerts are deduplicated by a
+unique key, a trial is finished once, and config versions are numbered and diffed one writer at a time. A controller
+that leads by a lease sets `fence`: its writes then commit only while it still holds the lease."""
 from __future__ import annotations
 
 import datetime as dt
 import json
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, UniqueConstraint, create_engine, \
-    delete, event, func, or_, select, update
-from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError, SQLAlchemyError
+    event, select, text, update
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, OperationalError, ProgrammingError, \
+    SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from seam import EngineConfig
@@ -132,19 +138,54 @@ class StoreError(RuntimeError):
 
 
 WRITE_CHECK_SECONDS = 2.0   # /health writes to the store at most this often
+SCHEMA_LOCK = 0x60E4        # the PostgreSQL advisory lock key under which the first start creates the tables
+CONFIG_LOCK = "lock:config_versions"    # the state row whose update serializes the writers of config versions
 
 
 class Store:
     def __init__(self, url: str):
         self.url = url
         self._write_checked: tuple[float, str | None] = (float("-inf"), None)
+        self.fence: Callable[[Session], None] | None = None    # raises inside a write that must not commit
         try:
-            self.engine = create_engine(url, json_serializer=lambda v: json.dumps(v, default=str))
+            self.engine = create_engine(url, json_serializer=lambda v: json.dumps(v, default=str),
+                                        pool_pre_ping=not url.startswith("sqlite"))
             if url.startswith("sqlite"):
                 event.listen(self.engine, "connect", _sqlite_pragmas)
-            Base.metadata.create_all(self.engine)
+            self.create_tables(Base.metadata.sorted_tables)
+            self._ensure_state(CONFIG_LOCK)
         except (ArgumentError, NoSuchModuleError, OperationalError) as error:
             raise StoreError(f"{url}: {str(error).splitlines()[0]}") from None
+
+    def create_tables(self, tables) -> None:
+        """Create the missing tables; two processes starting at once create them once (PostgreSQL: under an
+        advisory lock; SQLite: the loser of the race looks again and finds them made)."""
+        for attempt in range(3):
+            try:
+                with self.engine.begin() as connection:
+                    if connection.dialect.name == "postgresql":
+                        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK})
+                    Base.metadata.create_all(connection, tables=tables)
+                return
+            except (OperationalError, ProgrammingError) as error:
+                if "already exists" not in str(error) or attempt == 2:
+                    raise
+
+    def _ensure_state(self, key: str) -> None:
+        try:
+            with Session(self.engine) as session, session.begin():
+                if session.get(StateEntry, key) is None:
+                    session.add(StateEntry(key=key, value={}))
+        except IntegrityError:
+            pass        # another writer made it first
+
+    @contextmanager
+    def write(self, fenced: bool = True) -> Iterator[Session]:
+        """One committed transaction; fenced writes first pass the fence (a lease holder's), or commit nothing."""
+        with Session(self.engine) as session, session.begin():
+            if fenced and self.fence is not None:
+                self.fence(session)
+            yield session
 
     def close(self) -> None:
         self.engine.dispose()
@@ -155,15 +196,15 @@ class Store:
         if time.monotonic() - checked_at < WRITE_CHECK_SECONDS:
             return fault
         try:
-            self._set_state("write_check", {"at": _now().isoformat()})
+            self._set_state("write_check", {"at": _now().isoformat()}, fenced=False)
             fault = None
         except SQLAlchemyError as error:
             fault = f"the store cannot be written: {str(error).splitlines()[0]}"
         self._write_checked = (time.monotonic(), fault)
         return fault
 
-    def _add(self, row: Base) -> int:
-        with Session(self.engine) as session, session.begin():
+    def _add(self, row: Base, fenced: bool = True) -> int:
+        with self.write(fenced) as session:
             session.add(row)
             session.flush()
             return row.id
@@ -172,7 +213,8 @@ class Store:
 
     def record_config(self, config: EngineConfig, source: str, reason: str) -> EngineConfig:
         """Store config as a new version; returns it stamped with that version number."""
-        with Session(self.engine) as session, session.begin():
+        with self.write() as session:
+            session.execute(update(StateEntry).where(StateEntry.key == CONFIG_LOCK).values(updated_at=_now()))
             previous = session.scalars(select(ConfigVersion).order_by(ConfigVersion.id.desc()).limit(1)).first()
             values = config.model_dump(mode="json")
             row = ConfigVersion(config={}, diff=config_diff(previous.config if previous else None, values),
@@ -202,8 +244,8 @@ class Store:
         state = self._state("pin")
         return Pin(**state) if state else None
 
-    def _set_state(self, key: str, value: dict | None) -> None:
-        with Session(self.engine) as session, session.begin():
+    def _set_state(self, key: str, value: dict | None, fenced: bool = True) -> None:
+        with self.write(fenced) as session:
             entry = session.get(StateEntry, key)
             if value is None:
                 if entry is not None:
@@ -227,7 +269,7 @@ class Store:
                         outcome: str = "acted") -> int:
         """One transaction: the decision, its rollback row and the outcome of the alert it settles, so that a kill
         -9 leaves either all of them or none (and a redelivered alert is then acted on again)."""
-        with Session(self.engine) as session, session.begin():
+        with self.write() as session:
             decision = Decision(action=action, reason=reason[:1000], inputs=inputs or {},
                                 predicted_gain=predicted_gain, measured_gain=measured_gain,
                                 config_version=config_version, trial_id=trial_id)
@@ -245,10 +287,11 @@ class Store:
         return self._add(Trial(policy=policy, config_version=config.version, baseline_version=baseline.version,
                                predicted_gain=predicted_gain, optuna_trial=optuna_trial))
 
-    def finish_trial(self, trial_id: int, outcome: str, measured_gain: float | None) -> None:
-        with Session(self.engine) as session, session.begin():
-            trial = session.get(Trial, trial_id)
-            trial.outcome, trial.measured_gain, trial.ended_at = outcome, measured_gain, _now()
+    def finish_trial(self, trial_id: int, outcome: str, measured_gain: float | None) -> bool:
+        """False if the trial had already finished (another writer finished it first): it stays as that one left it."""
+        with self.write() as session:
+            return session.execute(update(Trial).where(Trial.id == trial_id, Trial.outcome == "running").values(
+                outcome=outcome, measured_gain=measured_gain, ended_at=_now())).rowcount == 1
 
     def running_trials(self) -> list[int]:
         with Session(self.engine) as session:
@@ -263,7 +306,7 @@ class Store:
         key = {"fingerprint": fingerprint, "starts_at": starts_at, "status": status}
         try:
             alert_id = self._add(AlertRecord(**key, name=name[:200], action=action, labels=labels,
-                                             annotations=annotations, source=source))
+                                             annotations=annotations, source=source), fenced=False)
             return alert_id, None
         except IntegrityError:
             with Session(self.engine) as session:
@@ -281,45 +324,29 @@ class Store:
                      "decision_id": None if outcome is None else outcome.decision_id}
                     for alert, outcome in session.execute(query)]
 
+    def defer_alert(self, alert_id: int, detail: str) -> None:
+        """Leave a notification to the leader (outcome 'deferred'), unless its action already ran and did not fail."""
+        try:
+            with self.write(fenced=False) as session:
+                session.execute(update(AlertOutcome).where(AlertOutcome.alert_id == alert_id,
+                                                           AlertOutcome.outcome == "failed")
+                                .values(outcome="deferred", detail=detail[:1000]))
+                if session.get(AlertOutcome, alert_id) is None:
+                    session.add(AlertOutcome(alert_id=alert_id, outcome="deferred", detail=detail[:1000]))
+        except IntegrityError:
+            pass        # the leader settled it meanwhile
+
+    def deferred_alerts(self) -> list[dict]:
+        """Notifications a standby received and left to the leader, oldest first."""
+        with Session(self.engine) as session:
+            query = (select(AlertRecord).join(AlertOutcome, AlertOutcome.alert_id == AlertRecord.id)
+                     .where(AlertOutcome.outcome == "deferred").order_by(AlertRecord.id))
+            return [_as_dict(alert) for alert in session.scalars(query)]
+
     def settle_alert(self, alert_id: int, outcome: str, detail: str) -> None:
         """Record an alert outcome that has no decision of its own (skipped without effect, or failed)."""
-        with Session(self.engine) as session, session.begin():
+        with self.write() as session:
             _put_outcome(session, alert_id, outcome, detail, None)
-
-    # -- retention ---------------------------------------------------------------------------------------------
-
-    def prune(self, before: dt.datetime, keep_versions: set[int] = frozenset()) -> dict[str, int]:
-        """Delete decisions, rollbacks and finished trials recorded before `before`, then config versions that are
-        older and nothing left refers to. Never deleted: the last-known-good, the pinned and the newest version,
-        keep_versions (e.g. the config in use), and alerts and their outcomes (they make a redelivery act only
-        once; an outcome loses the link to a pruned decision).
-        Returns the rows deleted per table."""
-        with Session(self.engine) as session, session.begin():
-            old_decisions = select(Decision.id).where(Decision.at < before)
-            session.execute(update(AlertOutcome).where(AlertOutcome.decision_id.in_(old_decisions))
-                            .values(decision_id=None))
-            rollbacks = session.execute(delete(Rollback).where(
-                or_(Rollback.at < before, Rollback.decision_id.in_(old_decisions)))).rowcount
-            decisions = session.execute(delete(Decision).where(Decision.at < before)).rowcount
-            trials = session.execute(delete(Trial).where(
-                Trial.started_at < before, Trial.outcome != "running",
-                Trial.id.not_in(select(Decision.trial_id).where(Decision.trial_id.is_not(None))))).rowcount
-            keep = set(keep_versions) | self._held_versions(session)
-            newest = session.scalar(select(func.max(ConfigVersion.id)))
-            referenced = [select(column).where(column.is_not(None)) for column in (
-                Decision.config_version, Trial.config_version, Trial.baseline_version, Rollback.from_version,
-                Rollback.to_version)]
-            query = delete(ConfigVersion).where(ConfigVersion.at < before, ConfigVersion.id.not_in(keep | {newest}))
-            for refs in referenced:
-                query = query.where(ConfigVersion.id.not_in(refs))
-            versions = session.execute(query).rowcount
-        return {"decisions": decisions, "rollbacks": rollbacks, "trials": trials, "config_versions": versions}
-
-    @staticmethod
-    def _held_versions(session: Session) -> set[int]:
-        """The versions the last-known-good and the pin name."""
-        lkg, pin = session.get(StateEntry, "last_known_good"), session.get(StateEntry, "pin")
-        return {version for version in (lkg and lkg.value["version"], pin and pin.value["config_version"]) if version}
 
     # -- reads -------------------------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import threading
 from controller.clients import EngineClientError, HttpClient
 from controller.plane import build_control_plane, print_decision
 from controller.store import StoreError
+from governor.control_app import ControlServer, create_control_app
 from governor.settings import DEFAULT_DB, DEFAULT_POLICY, DEFAULT_RETENTION_DAYS
 from policies import Policy, PolicyError, load_policy
 
@@ -22,6 +23,12 @@ def add_control_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", default=DEFAULT_DB, help="SQLAlchemy URL of the store (default: %(default)s)")
     parser.add_argument("--retention-days", type=float, default=DEFAULT_RETENTION_DAYS,
                         help="prune decisions, trials and windows older than this (default: %(default)s; 0 keeps all)")
+    parser.add_argument("--host", default="127.0.0.1", help="address of the admin API and alert webhook (--port)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="serve the admin API and the Alertmanager webhook on this port (default: none)")
+    parser.add_argument("--holder", default="",
+                        help="this process's name in the leader lease (default: host:pid:random); every `governor "
+                             "control` on one database leads by that lease, the others stand by")
 
 
 def run_control(args: argparse.Namespace) -> int:
@@ -30,8 +37,9 @@ def run_control(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         client = HttpClient(args.engine, os.environ.get("GOVERNOR_ADMIN_TOKEN"))
-        plane = build_control_plane(client, args.policy, args.db, None, on_decision=print_decision,
-                                    retention_days=args.retention_days)
+        plane = build_control_plane(client, args.policy, args.db, os.environ.get("GOVERNOR_ADMIN_TOKEN"),
+                                    on_decision=print_decision, retention_days=args.retention_days,
+                                    lease_holder=args.holder)
     except (PolicyError, StoreError) as error:
         flag = "--policy" if isinstance(error, PolicyError) else "--db"
         print(f"governor control: {flag}: {error}", file=sys.stderr)
@@ -39,9 +47,18 @@ def run_control(args: argparse.Namespace) -> int:
     except EngineClientError as error:
         print(f"governor control: {error}", file=sys.stderr)
         return 1
+    server = None if args.port is None else ControlServer(create_control_app(plane), args.host, args.port)
+    if server is not None:
+        try:
+            server.start()
+        except RuntimeError as error:
+            print(f"governor control: --port: {error}", file=sys.stderr)
+            return 2
     plane.start()
     stop.wait()
     plane.stop()
+    if server is not None:
+        server.stop()
     return 0
 
 

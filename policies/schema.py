@@ -49,6 +49,12 @@ class TrialPolicy(_Section):
                                          "decode throughput clears this")
     cooldown_windows: int = Field(0, ge=0, description="windows to wait after a rollback before the next trial")
     retry_windows: int = Field(10, ge=1, description="windows before a reverted candidate may be tried again")
+    mode: Literal["switchback", "canary"] = Field(
+        "switchback", description="switchback: every replica alternates candidate and incumbent; canary (with >= 2 "
+                                  "replicas answering): canary_replicas run the candidate, judged against the others "
+                                  "over the same checks, and it reaches the rest only if kept")
+    canary_replicas: int = Field(1, ge=1, description="replicas that run a canary's candidate (the others, at least "
+                                                      "one, stay on the incumbent)")
 
 
 class JudgePolicy(_Section):

@@ -1,10 +1,35 @@
+import os
+
 import pytest
 import torch
 
 from governor.loaders import load_models
+from tests.postgres import PostgresServer, postgres_bindir
 
 
 @pytest.fixture(scope="session")
 def moe_models():
     """The shipped byte-level MoE target and its draft, on the CPU in fp32."""
     return load_models("governor-moe", device=torch.device("cpu"), dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One throwaway PostgreSQL server per test process; skipped where PostgreSQL is not installed, except in CI
+    (.ci/run installs it there, and a store that was never tried on it must not pass as green)."""
+    bindir = postgres_bindir()
+    if bindir is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL is not installed: .ci/run installs the postgresql package")
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    server = PostgresServer(bindir).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path):
+    """An empty store database on each backend: a SQLite file, and a fresh database on a real PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'governor.db'}"
+    return request.getfixturevalue("postgres_server").new_database()

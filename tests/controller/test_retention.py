@@ -1,4 +1,4 @@
-"""Retention on a real SQLite store under a real controller: old decisions, trials and windows go; the config
+"""Retention on a real store (SQLite; the whole sweep on PostgreSQL too) under a real controller: old decisions, trials and windows go; the config
 history that last-known-good, a pin and rollback need stays, and rollback still works after a sweep."""
 import datetime as dt
 
@@ -20,8 +20,8 @@ def _history(controller):
     controller.pin(EngineConfig(draft_len=5), "operator", "hold k=5")
 
 
-def test_a_sweep_past_everything_keeps_what_rollback_needs(build):
-    engine, controller = build(fast_policy(), k=1)
+def test_a_sweep_past_everything_keeps_what_rollback_needs(build, store_url):
+    engine, controller = build(fast_policy(), k=1, url=store_url)
     _history(controller)
     lkg, pinned = controller.last_known_good.version, controller.current.version
     later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=2)
