@@ -78,9 +78,12 @@ function fillTable(id, rows, columns, empty) {
 const utc = (iso) => (iso.endsWith("Z") || iso.includes("+") ? iso : `${iso}Z`);
 const time = (iso) => (iso ? new Date(utc(iso)).toLocaleTimeString([], { hour12: false }) : "");
 const gain = (g) => (g === null || g === undefined ? "–" : `${g.toFixed(3)}x`);
-const short = (v) => (v !== null && typeof v === "object" ? "(structured)" : String(v));
+// a k schedule reads "b≤1: k8, b≤4: k4, …"; any other structured value is only marked as such
+const scheduleText = (bands) => bands.map(([upTo, k]) => `b≤${upTo}: k${k}`).join(", ");
+const short = (v, key) => (key === "draft_len_schedule" && Array.isArray(v) ? scheduleText(v)
+  : v !== null && typeof v === "object" ? "(structured)" : String(v));
 const diffText = (diff) => Object.entries(diff || {})     // a first version has nothing before it
-  .map(([k, [a, b]]) => (a === null ? `${k} = ${short(b)}` : `${k}: ${short(a)} → ${short(b)}`)).join("; ");
+  .map(([k, [a, b]]) => (a === null ? `${k} = ${short(b, k)}` : `${k}: ${short(a, k)} → ${short(b, k)}`)).join("; ");
 
 function drawState(state) {
   const config = state.config;
@@ -95,7 +98,8 @@ function drawState(state) {
     const dt = document.createElement("dt");
     const dd = document.createElement("dd");
     dt.textContent = key;
-    dd.textContent = value !== null && typeof value === "object" ? JSON.stringify(value) : String(value);
+    dd.textContent = key === "draft_len_schedule" && Array.isArray(value) ? scheduleText(value)
+      : value !== null && typeof value === "object" ? JSON.stringify(value) : String(value);
     dl.append(dt, dd);
   }
   $("pin-state").textContent = !ctl ? "" : [
@@ -117,6 +121,7 @@ function drawState(state) {
 function fillPinForm(config) {
   $("pin-method").value = config.spec_method;
   $("pin-k").value = config.draft_len;
+  $("pin-schedule").value = config.draft_len_schedule ? JSON.stringify(config.draft_len_schedule) : "";
   $("pin-capacity").value = config.capacity_factor;
 }
 
@@ -164,9 +169,18 @@ function wireActions() {
   $("pin-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const { version, ...config } = current ? current.config : {};
+    const schedule = $("pin-schedule").value.trim();
+    let bands = null;                             // empty: no schedule, k applies at every batch size
+    try {
+      bands = schedule ? JSON.parse(schedule) : null;
+    } catch (error) {
+      $("action-result").className = "error";
+      $("action-result").textContent = `Pin refused: k by batch size is not JSON (${error.message})`;
+      return;
+    }
     act("Pin", "PUT", "/admin/config", {
       ...config, spec_method: $("pin-method").value, draft_len: Number($("pin-k").value),
-      capacity_factor: Number($("pin-capacity").value),
+      draft_len_schedule: bands, capacity_factor: Number($("pin-capacity").value),
     });
   });
   $("release").addEventListener("click", () => act("Release", "POST", "/admin/release"));

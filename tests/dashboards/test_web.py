@@ -123,13 +123,22 @@ def test_pin_with_the_token_takes_effect_and_appears_in_the_decision_log(page, s
     page.select_option("#pin-method", "draft_model")
     page.fill("#pin-k", "2")
     page.fill("#pin-capacity", "1.5")
+    page.fill("#pin-schedule", "[[4, 2], [2, 1]]")
+    page.click("#pin")
+    expect(page.locator("#action-result")).to_contain_text("Pin refused (400): draft_len_schedule")
+    assert httpx.get(f"{served}/admin/config").json() == before
+    page.fill("#pin-schedule", "[[1, 6], [8, 2]]")
     page.click("#pin")
     expect(page.locator("#action-result")).to_contain_text("Pin: done")
     config = httpx.get(f"{served}/admin/config").json()
     assert (config["draft_len"], config["capacity_factor"]) == (2, 1.5) and config["version"] > before["version"]
+    assert config["draft_len_schedule"] == [[1, 6], [8, 2]]
     expect(page.locator("#decisions tbody tr").first).to_contain_text("pin", timeout=10_000)
     expect(page.locator("#config-version")).to_have_text(f"config v{config['version']}", timeout=10_000)
     expect(page.locator("#history tbody tr").first).to_contain_text("draft_len: 4 → 2")
+    expect(page.locator("#history tbody tr").first).to_contain_text("draft_len_schedule = b≤1: k6, b≤8: k2")
+    expect(page.locator("#config")).to_contain_text("b≤1: k6, b≤8: k2")
+    expect(page.locator("#config")).to_contain_text("draft_model")
     page.click("#release")
     expect(page.locator("#action-result")).to_contain_text("Release: done")
     expect(page.locator("#decisions tbody tr").first).to_contain_text("release", timeout=10_000)
