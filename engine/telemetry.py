@@ -80,7 +80,8 @@ class _Accumulator:
         batch_size_mean = sum(sizes) / len(sizes)
         return Window(
             start=self.start, end=time.time(), config_version=config.version, spec_method=config.spec_method,
-            draft_len=config.draft_len_for(max(1, round(batch_size_mean))), steps=self.steps, num_drafts=self.num_drafts,
+            draft_len=config.draft_len_for(max(1, round(batch_size_mean))), steps=self.steps,
+            num_drafts=self.num_drafts,
             drafted_tokens=sum(self.drafted_per_position), accepted_tokens=sum(self.accepted_per_position),
             drafted_per_position=list(self.drafted_per_position),
             accepted_per_position=list(self.accepted_per_position),
