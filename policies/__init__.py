@@ -4,11 +4,12 @@ from policies.schema import (
     JudgePolicy,
     Policy,
     PolicyError,
+    SearchSpace,
     load_policy,
     parse_policy,
     resolve_policy_path,
     shipped_policies,
 )
 
-__all__ = ["AlertAction", "JudgePolicy", "Policy", "PolicyError", "load_policy", "parse_policy", "resolve_policy_path",
-           "shipped_policies"]
+__all__ = ["AlertAction", "JudgePolicy", "Policy", "PolicyError", "SearchSpace", "load_policy", "parse_policy",
+           "resolve_policy_path", "shipped_policies"]

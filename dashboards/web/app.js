@@ -85,9 +85,18 @@ const short = (v, key) => (key === "draft_len_schedule" && Array.isArray(v) ? sc
 const diffText = (diff) => Object.entries(diff || {})     // a first version has nothing before it
   .map(([k, [a, b]]) => (a === null ? `${k} = ${short(b, k)}` : `${k}: ${short(a, k)} → ${short(b, k)}`)).join("; ");
 
+const percent = (x) => `${(100 * x).toFixed(0)}%`;
+const calibrationText = (c) => (!c || !c.trials ? "what-if calibration: no predicted trial measured yet"
+  : `what-if calibration over ${c.trials} trials: median |measured/predicted − 1| ${percent(c.median_abs_error)}, `
+    + `${percent(c.over_predicted_share)} over-predicted (uncalibrated model: ${percent(c.raw_median_abs_error)}, `
+    + `${percent(c.raw_over_predicted_share)})`);
+
 function drawState(state) {
   const config = state.config;
   $("speculation").textContent = `speculation: ${state.speculation}`;
+  $("drafter").textContent = state.speculation !== "on" ? "plain decoding"
+    : `${config.spec_method === "ngram" ? "prompt lookup (n-gram)" : "draft model"} · ${
+      config.draft_len_schedule ? `k by batch: ${scheduleText(config.draft_len_schedule)}` : `k ${config.draft_len}`}`;
   $("speculation").className = `badge ${state.speculation}`;
   $("config-version").textContent = `config v${config.version}`;
   const ctl = state.controller;
@@ -106,6 +115,7 @@ function drawState(state) {
     ctl.pin ? `pinned v${ctl.pin.config_version} by ${ctl.pin.owner}` : "not pinned",
     ctl.trial ? `trial ${ctl.trial.id} running: ${ctl.trial.reason}` : "no trial running",
     `last known good v${ctl.last_known_good.version}`].join(" · ");
+  $("calibration").textContent = ctl ? calibrationText(ctl.calibration) : "";
   fillTable("history", state.history, (v) => [[v.id, "num"], [time(v.at), "num"], [v.source], [diffText(v.diff)],
     [v.reason]], "no config versions");
   fillTable("decisions", state.decisions, (d) => [[d.id, "num"], [time(d.at), "num"], [d.action], [d.reason],
