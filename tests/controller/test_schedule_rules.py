@@ -3,8 +3,10 @@ calibration's correction of an optimistic model, and the rules' proposals from t
 import math
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from controller.calibration import Calibration
+from controller.counters import PrometheusCounters
 from controller.rule_policy import RulePolicy
 from controller.schedule import band_batch_sizes, learned, with_bands
 from policies import parse_policy
@@ -49,6 +51,11 @@ def test_calibration_learns_the_models_bias_and_reports_it():
     assert summary["trials"] == 10 and summary["raw_over_predicted_share"] == 1.0
     assert summary["raw_median_abs_error"] == pytest.approx(0.25)
     assert summary["median_abs_error"] < summary["raw_median_abs_error"]
+    registry = CollectorRegistry()
+    PrometheusCounters(registry, "m").calibration(summary)
+    scrape = generate_latest(registry).decode()
+    assert 'governor_controller_calibration{figure="raw_over_predicted_share",model="m"} 1.0' in scrape
+    assert 'governor_controller_calibration{figure="trials",model="m"} 10.0' in scrape
 
 
 def _window(method: str, k: int, batch: float, seconds_per_step: float, accepted: float) -> Window:
