@@ -1,7 +1,7 @@
 """The seam's knob set (EngineConfig) and per-request sampling parameters."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -10,7 +10,9 @@ MAX_SCHEDULE_BANDS = 32
 
 SpecMethod = Literal["off", "draft_model", "ngram"]
 SPEC_METHODS: tuple[SpecMethod, ...] = ("draft_model", "ngram", "off")
-DraftLenSchedule = tuple[tuple[int, int], ...]
+UpToBatchSize = Annotated[int, Field(ge=1, le=1_000_000)]
+BandDraftLen = Annotated[int, Field(ge=0, le=MAX_DRAFT_LEN)]
+DraftLenSchedule = tuple[tuple[UpToBatchSize, BandDraftLen], ...]
 
 
 class EngineConfig(BaseModel):
@@ -20,7 +22,7 @@ class EngineConfig(BaseModel):
     version: int = Field(0, ge=0)
     spec_method: SpecMethod = "draft_model"
     draft_len: int = Field(4, ge=0, le=MAX_DRAFT_LEN, description="k at every batch size (without a schedule)")
-    draft_len_schedule: DraftLenSchedule | None = Field(None, max_length=MAX_SCHEDULE_BANDS, description=(
+    draft_len_schedule: DraftLenSchedule | None = Field(None, min_length=1, max_length=MAX_SCHEDULE_BANDS, description=(
         "k by batch size: [[up_to_batch_size, k], ...], up_to_batch_size strictly increasing; a step of b sequences "
         "drafts the k of the first band with b <= up_to_batch_size (beyond the last band, its k); when set it "
         "takes the place of draft_len"))
@@ -35,16 +37,10 @@ class EngineConfig(BaseModel):
 
     @field_validator("draft_len_schedule")
     @classmethod
-    def _bands(cls, schedule: DraftLenSchedule | None) -> DraftLenSchedule | None:
+    def _increasing(cls, schedule: DraftLenSchedule | None) -> DraftLenSchedule | None:
         if schedule is None:
             return None
-        if not schedule:
-            raise ValueError("must hold at least one band [up_to_batch_size, k] (or be null: draft_len applies)")
-        for index, (up_to, k) in enumerate(schedule):
-            if up_to < 1:
-                raise ValueError(f"band {index}: up_to_batch_size must be >= 1, got {up_to}")
-            if not 0 <= k <= MAX_DRAFT_LEN:
-                raise ValueError(f"band {index}: k must be in 0..{MAX_DRAFT_LEN}, got {k}")
+        for index, (up_to, _) in enumerate(schedule):
             if index and up_to <= schedule[index - 1][0]:
                 raise ValueError(f"band {index}: up_to_batch_size must be strictly increasing "
                                  f"({up_to} after {schedule[index - 1][0]})")

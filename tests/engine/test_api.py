@@ -104,7 +104,7 @@ def test_config_change_needs_the_admin_token(server):
 @pytest.mark.parametrize(("change", "field"), [
     ({"draft_len": 99}, "draft_len"),
     ({"draft_len_schedule": [[4, 2], [2, 1]]}, "draft_len_schedule"),
-    ({"draft_len_schedule": [[1, 2], [8, 17]]}, "draft_len_schedule"),
+    ({"draft_len_schedule": [[1, 2], [8, 17]]}, "draft_len_schedule.1.1"),
     ({"draft_len_schedule": [[1, 2, 3]]}, "draft_len_schedule.0"),
 ])
 def test_invalid_config_is_refused_naming_the_field(server, change, field):
