@@ -165,7 +165,8 @@ def test_policy_switch_and_search_start_stop_from_the_page(page, served, problem
     page.screenshot(path=str(SCREENSHOTS / "dashboard-after-actions.png"), full_page=True)
     refusals = [p for p in problems if p.startswith("Failed to load resource")]   # Chromium logs refused fetches
     assert [p for p in problems if p not in refusals] == []
-    assert [p.rsplit("status of ", 1)[1] for p in refusals] == ["401 (Unauthorized)", "409 (Conflict)"]
+    assert [p.rsplit("status of ", 1)[1] for p in refusals] == ["401 (Unauthorized)", "400 (Bad Request)",
+                                                                "409 (Conflict)"]
 
 
 def test_alerts_show_their_state(page, served):
