@@ -26,7 +26,7 @@ run: setup
 	$(BIN)/governor serve --demo-traffic --ep $(EP)
 
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 bench: setup
 	$(BIN)/governor bench spec

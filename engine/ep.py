@@ -1,10 +1,11 @@
 """Expert parallelism over torch.distributed (gloo on the CPU, NCCL on GPUs).
 
-Rank 0 is the process that owns the Engine (scheduler, API, drafter). Ranks 1..N-1 are spawned workers: each
-loads the target, keeps only its own expert slots, and mirrors every target forward that rank 0 announces over
-a pipe (the batch's chunks and the capacity factor), so dense layers and the KV cache are replicated while the
-MoE layers exchange (token, choice) pairs with all_to_all_single. Commands travel over pipes, not collectives,
-so an idle server never trips a collective timeout; collectives carry the timeout that bounds a crashed peer.
+Rank 0 is the process that owns the Engine (scheduler, API, drafter). Ranks 1..N-1 are workers, spawned here by
+`--ep N` or launched by torchrun on any node: each loads the target, keeps only its own expert slots, and mirrors
+every target forward that rank 0 announces over the command channel (engine.ep_channel: the batch's chunks and
+the capacity factor), so dense layers and the KV cache are replicated while the MoE layers exchange (token,
+choice) pairs with all_to_all_single. Commands wait without a time limit, so an idle server never trips a
+collective timeout; the tensor collectives carry the timeout that bounds a crashed peer.
 """
 from __future__ import annotations
 
@@ -13,23 +14,22 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from engine.batch import SequenceChunk, build_forward_batch
+from engine.ep_channel import CommandChannel, GroupMember
 from engine.experts import ExpertRuntime, drop_logical_experts, expert_topology
 from engine.kv_cache import KVCache
 from engine.limits import EngineLimits
-from engine.placement import Topology
 from engine.transformer import Transformer
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
 
 TargetLoader = Callable[[torch.device, torch.dtype], Transformer]
-"""Loads the target model onto a device in a dtype; a spawned rank unpickles it, so it must be picklable."""
+"""Loads the target model onto a device in a dtype; rank 0 sends it to every worker, so it must be picklable."""
 
 
 class ExpertParallelError(RuntimeError):
@@ -87,9 +87,11 @@ class ExpertParallel:
     """Rank 0's handle on a group of `ranks` processes serving one MoE target."""
 
     def __init__(self, loader: TargetLoader, ranks: int, target: Transformer, limits: EngineLimits,
-                 redundant_experts: int = 0, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS):
-        """Spawn ranks 1..ranks-1 (each loads the target itself with `loader`) and join them as rank 0 of the
-        default group."""
+                 redundant_experts: int = 0, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+                 member: GroupMember | None = None):
+        """Join the group as its rank 0 and have every worker load the target with `loader`. member: the place
+        torchrun launched this process in (its workers run `serve_worker` on whichever node); None spawns ranks
+        1..ranks-1 here, on a loopback rendezvous."""
         if ranks < 2:
             raise ValueError(f"expert parallelism needs at least 2 ranks, got {ranks}")
         if dist.is_initialized():
@@ -97,34 +99,29 @@ class ExpertParallel:
                                       "group per process")
         if not target.moe_blocks:
             raise ValueError("expert parallelism needs an MoE target; this one is dense")
+        if member is not None and (member.rank, member.world) != (0, ranks):
+            raise ValueError(f"rank 0 of {ranks} ranks cannot serve as rank {member.rank} of {member.world}")
         parameter = next(target.parameters())
         device, dtype = parameter.device, parameter.dtype
-        if device.type == "cuda" and ranks > torch.cuda.device_count():
+        if member is None and device.type == "cuda" and ranks > torch.cuda.device_count():
             raise ValueError(f"--ep {ranks} needs one GPU per rank; this machine has {torch.cuda.device_count()}")
         self.topology = expert_topology(target.spec.num_experts, ranks, redundant_experts)
         self.timeout_seconds = timeout_seconds
         backend = "nccl" if device.type == "cuda" else "gloo"
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
-        context = mp.get_context("spawn")
-        self._pipes, self._workers = [], []
-        threads = max(1, (os.cpu_count() or 1) // ranks)
-        for rank in range(1, ranks):
-            ours, theirs = context.Pipe()
-            worker = context.Process(
-                target=_serve_rank, name=f"governor-ep-rank{rank}", daemon=True,
-                args=(rank, ranks, backend, init_method, loader, self.topology, limits,
-                      str(_rank_device(device, rank)), dtype, threads, timeout_seconds, theirs))
-            worker.start()
-            theirs.close()
-            self._pipes.append(ours)
-            self._workers.append(worker)
+        self._workers: list[mp.Process] = []
+        if member is None:
+            member = GroupMember(0, ranks, 0, f"tcp://127.0.0.1:{_free_port()}")
+            self._workers = _spawn_workers(member, backend, timeout_seconds)
+        self._channel: CommandChannel | None = None
         try:
-            dist.init_process_group(backend, init_method=init_method, rank=0, world_size=ranks,
-                                    timeout=timedelta(seconds=timeout_seconds))
-            for rank in range(1, ranks):
-                self._answer(rank)
-        except Exception:
-            self.close()
+            self._channel = member.join(backend, timeout_seconds)
+            self._send(("setup", loader, self.topology, limits, device.type, dtype))
+            self._answers()
+        except Exception as error:
+            self.abort()
+            if isinstance(error, RuntimeError) and not isinstance(error, ExpertParallelError):
+                raise ExpertParallelError(f"the expert-parallel group at {member.address} did not start: "
+                                          f"{error}") from error
             raise
         self.exchange = GroupExchange(0, ranks, device)
 
@@ -134,6 +131,7 @@ class ExpertParallel:
 
     @property
     def worker_pids(self) -> list[int]:
+        """The workers this process spawned (none under torchrun)."""
         return [worker.pid for worker in self._workers]
 
     def forward(self, chunks: list[SequenceChunk], capacity_factor: float) -> None:
@@ -148,87 +146,98 @@ class ExpertParallel:
         """What each worker rank holds: {"rank", "slots": [logical expert per own slot, per layer],
         "expert_parameters": number of expert weights it keeps}."""
         self._send(("describe",))
-        return [self._answer(rank) for rank in range(1, self.ranks)]
+        return self._answers()
 
     def dead_ranks(self) -> dict[int, int | None]:
-        """Worker rank -> exit code, for every worker that is no longer running."""
-        return {rank: worker.exitcode for rank, worker in enumerate(self._workers, start=1) if not worker.is_alive()}
+        """Worker rank -> exit code (None where unknown, e.g. a rank on another node whose heartbeat stopped), for
+        every worker that is no longer running."""
+        dead = {rank: worker.exitcode for rank, worker in enumerate(self._workers, start=1)
+                if not worker.is_alive()}
+        channel = self._channel
+        silent = channel.silent_ranks() if channel is not None else []
+        return dead | {rank: None for rank in silent if rank not in dead}
 
     def abort(self) -> None:
-        """Tear the group down at once: kill every worker (one may be stuck in a collective) and leave the group."""
+        """Tear the group down at once: kill the workers spawned here (one may be stuck in a collective) and leave
+        the group."""
         for worker in self._workers:
             if worker.is_alive():
                 worker.kill()
         for worker in self._workers:
             worker.join(timeout=10)
-        for pipe in self._pipes:
-            pipe.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        self._pipes, self._workers = [], []
+        self._leave()
+        self._workers = []
 
     def close(self) -> None:
-        """Stop the workers (terminating any that do not stop in time) and leave the process group."""
-        for pipe in self._pipes:
-            try:
-                pipe.send(("stop",))
-            except OSError:
-                pass
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        """Stop the workers (terminating any spawned here that do not stop in time) and leave the process group."""
+        if self._channel is not None:
+            with contextlib.suppress(RuntimeError):
+                self._channel.send(("stop",))
+        self._leave()
         for worker in self._workers:
             worker.join(timeout=10)
             if worker.is_alive():
                 worker.terminate()
                 worker.join(timeout=5)
-        self._pipes, self._workers = [], []
+        self._workers = []
+
+    def _leave(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._channel = None
 
     def _send(self, command: tuple) -> None:
-        for rank, (pipe, worker) in enumerate(zip(self._pipes, self._workers), start=1):
+        for rank, worker in enumerate(self._workers, start=1):
             if not worker.is_alive():
                 raise ExpertParallelError(f"expert-parallel rank {rank} exited (code {worker.exitcode})")
-            try:
-                pipe.send(command)
-            except OSError as error:
-                raise ExpertParallelError(f"expert-parallel rank {rank} is gone: {error}") from error
-
-    def _answer(self, rank: int):
-        pipe = self._pipes[rank - 1]
-        if not pipe.poll(self.timeout_seconds):
-            raise ExpertParallelError(f"expert-parallel rank {rank} did not answer within {self.timeout_seconds} s")
         try:
-            reply = pipe.recv()
-        except EOFError as error:
-            raise ExpertParallelError(f"expert-parallel rank {rank} exited") from error
-        if isinstance(reply, BaseException):
-            raise ExpertParallelError(f"expert-parallel rank {rank} failed: {reply!r}")
-        return reply
+            self._channel.send(command)
+        except RuntimeError as error:
+            raise ExpertParallelError(f"sending {command[0]!r} to the expert-parallel ranks failed: {error}") \
+                from error
+
+    def _answers(self) -> list:
+        try:
+            replies = self._channel.gather()
+        except RuntimeError as error:
+            raise ExpertParallelError(f"the expert-parallel ranks did not answer within {self.timeout_seconds} s: "
+                                      f"{error}") from error
+        for rank, reply in enumerate(replies, start=1):
+            if isinstance(reply, BaseException):
+                raise ExpertParallelError(f"expert-parallel rank {rank} failed: {reply!r}")
+        return replies
 
 
-def _serve_rank(rank: int, world: int, backend: str, init_method: str, loader: TargetLoader, topology: Topology,
-                limits: EngineLimits, device: str, dtype: torch.dtype, threads: int, timeout_seconds: float,
-                pipe) -> None:
-    """A worker rank: hold its expert slots and mirror rank 0's target forwards until told to stop."""
-    torch.set_num_threads(threads)
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout_seconds))
+def serve_worker(member: GroupMember, backend: str, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+    """A worker rank: join the group, hold this rank's expert slots and mirror rank 0's target forwards until rank 0
+    says stop. Raises what failed (a collective when a peer died, the loader, ...), so its launcher sees it."""
+    channel = member.join(backend, timeout_seconds)
+    heartbeat = channel.start_heartbeat()
     try:
-        target = loader(device, dtype)
-        experts = ExpertRuntime(target, topology, GroupExchange(rank, world, device))
-        drop_logical_experts(target)
-        cache = KVCache(target.spec, limits.num_blocks * limits.block_size, dtype, device)
-    except Exception as error:
-        pipe.send(error)
-        raise
-    pipe.send("ready")
-    while True:
+        _, loader, topology, limits, device_type, dtype = channel.receive()
+        device = torch.device(device_type, member.local_rank) if device_type == "cuda" else torch.device(device_type)
         try:
-            command = pipe.recv()
-        except EOFError:
-            break  # rank 0 is gone
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            target = loader(device, dtype)
+            experts = ExpertRuntime(target, topology, GroupExchange(member.rank, member.world, device))
+            drop_logical_experts(target)
+            cache = KVCache(target.spec, limits.num_blocks * limits.block_size, dtype, device)
+        except Exception as error:
+            channel.gather(error)       # rank 0 reports it
+            raise
+        channel.gather("ready")
+        _mirror(channel, target, experts, cache, limits, device)
+    finally:
+        heartbeat.stop()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _mirror(channel: CommandChannel, target: Transformer, experts: ExpertRuntime, cache: KVCache,
+            limits: EngineLimits, device: torch.device) -> None:
+    while True:
+        command = channel.receive()
         if command[0] == "forward":
             _, chunks, experts.capacity_factor = command
             target(build_forward_batch(chunks, limits.block_size, device), cache, experts)
@@ -236,14 +245,28 @@ def _serve_rank(rank: int, world: int, backend: str, init_method: str, loader: T
         elif command[0] == "place":
             experts.replace(command[1])
         elif command[0] == "describe":
-            pipe.send(experts.describe())
+            channel.gather(experts.describe())
         else:
-            break
-    dist.destroy_process_group()
+            return
 
 
-def _rank_device(device: torch.device, rank: int) -> torch.device:
-    return torch.device("cuda", rank) if device.type == "cuda" else device
+def _spawn_workers(rank0: GroupMember, backend: str, timeout_seconds: float) -> list[mp.Process]:
+    """Ranks 1..world-1 on this machine, joining rank 0's rendezvous."""
+    context = mp.get_context("spawn")
+    threads = max(1, (os.cpu_count() or 1) // rank0.world)
+    workers = []
+    for rank in range(1, rank0.world):
+        member = GroupMember(rank, rank0.world, rank, rank0.init_method)
+        worker = context.Process(target=_spawned_worker, name=f"governor-ep-rank{rank}", daemon=True,
+                                 args=(member, backend, threads, timeout_seconds))
+        worker.start()
+        workers.append(worker)
+    return workers
+
+
+def _spawned_worker(member: GroupMember, backend: str, threads: int, timeout_seconds: float) -> None:
+    torch.set_num_threads(threads)
+    serve_worker(member, backend, timeout_seconds)
 
 
 def _free_port() -> int:

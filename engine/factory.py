@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from engine.engine import Engine
 from engine.ep import ExpertParallel, TargetLoader
+from engine.ep_channel import GroupMember
 from engine.experts import drop_logical_experts, expert_topology
 from engine.limits import EngineLimits
 from engine.telemetry import TelemetrySink
@@ -26,10 +27,11 @@ class LoadedModels:
 
 
 def build_engine(models: LoadedModels, config: EngineConfig | None = None, limits: EngineLimits = EngineLimits(),
-                 ep: int = 1, redundant_experts: int = 0, sinks: Sequence[TelemetrySink] = ()) -> Engine:
-    """ep > 1 spawns ep - 1 worker ranks that load the target themselves (models.target_loader); the target then
-    keeps only rank 0's expert slots. Raises ValueError for a combination that cannot be served (e.g. ep > 1 on
-    a dense model)."""
+                 ep: int = 1, redundant_experts: int = 0, sinks: Sequence[TelemetrySink] = (),
+                 member: GroupMember | None = None) -> Engine:
+    """ep > 1 spawns ep - 1 worker ranks, or with member (torchrun's rank 0) joins the ep - 1 that torchrun
+    launched; they load the target themselves (models.target_loader) and the target then keeps only rank 0's
+    expert slots. Raises ValueError for a combination that cannot be served (e.g. ep > 1 on a dense model)."""
     config = config or EngineConfig(spec_method=models.spec_method)
     if not models.target.moe_blocks:
         if ep > 1 or redundant_experts:
@@ -40,7 +42,8 @@ def build_engine(models: LoadedModels, config: EngineConfig | None = None, limit
         return Engine(models.target, models.tokenizer, models.draft, config, limits, sinks, topology=topology)
     if models.target_loader is None:
         raise ValueError(f"--ep {ep}: {models.name} was loaded without a way to load it again in the worker ranks")
-    group = ExpertParallel(models.target_loader, ep, models.target, limits, redundant_experts=redundant_experts)
+    group = ExpertParallel(models.target_loader, ep, models.target, limits, redundant_experts=redundant_experts,
+                           member=member)
     try:
         engine = Engine(models.target, models.tokenizer, models.draft, config, limits, sinks, ep=group)
     except Exception:

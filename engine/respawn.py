@@ -1,6 +1,7 @@
 """Rank 0's recovery of an expert-parallel group: tear the group down, spawn it again, and resume serving with the
 config in use. It needs only a way to spawn a group and a way to give rank 0 back its expert weights, so it does
-not depend on how workers are started (pipes today, torchrun later).
+not depend on how workers are started. A group torchrun launched is not rank 0's to respawn: its recovery gives up at
+once, so that `governor serve` exits non-zero and torchrun (--max-restarts) restarts the whole group.
 
 Requests in flight when a rank fails are failed by the caller (engine.service) before recovery starts; a step that
 failed on rank 0 is recovered the same way, since its workers may be stuck half way through a forward.
@@ -23,7 +24,8 @@ FAILED_RESPAWN_PERIOD_SECONDS = 60.0
 
 
 class RespawnsExhausted(RuntimeError):
-    """Too many respawns failed in a short time: only a restart of the whole process can help."""
+    """Too many respawns failed in a short time, or the group is torchrun's to restart: only a restart of the whole
+    process can help."""
 
 
 class RespawnBudget:
@@ -44,9 +46,11 @@ class RespawnBudget:
 
 
 class GroupRecovery:
-    """spawn() starts a new group; restore_experts() puts the logical expert weights back on rank 0's target."""
+    """spawn() starts a new group; restore_experts() puts the logical expert weights back on rank 0's target.
+    Without spawn (a group torchrun launched), recover() tears the group down and raises RespawnsExhausted."""
 
-    def __init__(self, engine: Engine, spawn: Callable[[], ExpertParallel], restore_experts: Callable[[], None],
+    def __init__(self, engine: Engine, spawn: Callable[[], ExpertParallel] | None,
+                 restore_experts: Callable[[], None],
                  budget: RespawnBudget | None = None, retry_wait_seconds: float = 1.0):
         self.engine, self._spawn, self._restore = engine, spawn, restore_experts
         self.budget = budget or RespawnBudget()
@@ -63,16 +67,21 @@ class GroupRecovery:
         group = self.engine.ep
         dead = group.dead_ranks() if group is not None else {}
         if dead:
-            return "; ".join(f"expert-parallel rank {rank} exited (code {code})" for rank, code in dead.items())
+            return "; ".join(f"expert-parallel rank {rank} " + (f"exited (code {code})" if code is not None else
+                                                                 "is lost (its heartbeat stopped)")
+                             for rank, code in dead.items())
         return None
 
     def recover(self, reason: str) -> None:
         """Tear down, respawn and resume; retried until it works or the budget is spent (RespawnsExhausted)."""
         with self._lock:
             self._respawning = reason
-        log.error("expert-parallel group failed (%s); respawning it", reason)
+        log.error("expert-parallel group failed (%s)%s", reason, "; respawning it" if self._spawn else "")
         try:
             self._tear_down()
+            if self._spawn is None:
+                raise RespawnsExhausted(f"the expert-parallel group failed ({reason}); torchrun launched it, so "
+                                        "this rank exits for torchrun to restart the group (see --max-restarts)")
             while not self._respawn_once():
                 if not self.budget.spend():
                     raise RespawnsExhausted(f"{self.budget.max_failures} respawns of the expert-parallel group "
@@ -121,3 +130,8 @@ def expert_parallel_recovery(engine: Engine, loader: TargetLoader, ranks: int, l
         return ExpertParallel(loader, ranks, engine.target, limits, redundant_experts=redundant_experts)
 
     return GroupRecovery(engine, spawn, restore_experts)
+
+
+def torchrun_recovery(engine: Engine) -> GroupRecovery:
+    """Recovery for rank 0 of a group torchrun launched: report the failure, then give up (torchrun restarts)."""
+    return GroupRecovery(engine, None, lambda: None)

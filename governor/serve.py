@@ -17,17 +17,19 @@ from dashboards.operator_page import create_dashboard_router
 from engine.admission import Admission, AdmissionLimits
 from engine.api import create_app
 from engine.ep import ExpertParallelError
+from engine.ep_channel import RankLaunchError
 from engine.factory import build_engine
 from engine.health import Health
 from engine.live import LiveTelemetry
 from engine.loadgen import load_phases, run_forever
 from engine.metrics import EngineMetrics
 from engine.model_spec import ModelFolderError
-from engine.respawn import expert_parallel_recovery
+from engine.respawn import expert_parallel_recovery, torchrun_recovery
 from engine.service import EngineService
 from engine.serving_metrics import ServingLimitsCollector
 from engine.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
 from governor.control_cli import policy_or_none
+from governor.ep_launch import run_worker, torchrun_member
 from governor.loaders import load_models
 from governor.settings import Settings
 
@@ -41,8 +43,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--port", type=int, help=f"port (default {DEFAULTS['port']})")
     serve.add_argument("--model", help=f"shipped model name, model folder or .gguf file (default {DEFAULTS['model']})")
     serve.add_argument("--draft", help="draft model name or path, self:N, or none (default: the model's own)")
-    serve.add_argument("--ep", type=int, help="expert-parallel ranks: processes that share the MoE experts "
-                       f"over torch.distributed (default {DEFAULTS['ep']}: one process)")
+    serve.add_argument("--ep", type=int, help="expert-parallel ranks on this machine: processes that share the MoE "
+                       f"experts over torch.distributed (default {DEFAULTS['ep']}: one process; under torchrun, "
+                       "its ranks, on any nodes)")
     serve.add_argument("--redundant-experts", type=int,
                        help="spare expert slots for replicas, over all ranks "
                             f"(default {DEFAULTS['redundant_experts']})")
@@ -64,6 +67,14 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"governor serve: --{str(first['loc'][0]).replace('_', '-')}: {first['msg']}", file=sys.stderr)
         return 2
     try:
+        member = torchrun_member(settings.ep)
+    except RankLaunchError as error:
+        print(f"governor serve: {error}", file=sys.stderr)
+        return 2
+    if member is not None and member.rank != 0:
+        return run_worker(member)
+    ranks = member.world if member is not None else settings.ep
+    try:
         tracing = tracer_provider_from_env()
     except TracingConfigError as error:
         print(f"governor serve: {error}", file=sys.stderr)
@@ -80,15 +91,20 @@ def run_serve(args: argparse.Namespace) -> int:
     metrics, live = EngineMetrics(models.name), LiveTelemetry()
     tracer = tracing.get_tracer("governor") if tracing is not None else None
     try:
-        engine = build_engine(models, limits=settings.limits(), ep=settings.ep,
+        engine = build_engine(models, limits=settings.limits(), ep=ranks, member=member,
                               redundant_experts=settings.redundant_experts,
                               sinks=[metrics, live, *([StepSpans(tracer)] if tracer else [])])
     except (ValueError, ExpertParallelError) as error:
         print(f"governor serve: {error}", file=sys.stderr)
         return 2
     metrics.watch_load(lambda: len(engine.scheduler.running), lambda: len(engine.scheduler.waiting))
-    recovery = expert_parallel_recovery(engine, models.target_loader, settings.ep, settings.limits(),
-                                        settings.redundant_experts) if engine.ep is not None else None
+    if engine.ep is None:
+        recovery = None
+    elif member is not None:
+        recovery = torchrun_recovery(engine)
+    else:
+        recovery = expert_parallel_recovery(engine, models.target_loader, settings.ep, settings.limits(),
+                                            settings.redundant_experts)
     admission = Admission(AdmissionLimits(settings.max_waiting_requests, settings.max_waiting_tokens,
                                           settings.retry_after_seconds))
     # a service that gives up stops the server, which then exits non-zero (server is bound below, before any start)
@@ -96,7 +112,8 @@ def run_serve(args: argparse.Namespace) -> int:
                             on_fatal=lambda _: setattr(server, "should_exit", True))
     metrics.registry.register(ServingLimitsCollector(models.name, service.admission, engine.allocator, {
         "max_body_bytes": settings.max_body_bytes, "max_prompt_chars": settings.max_prompt_chars,
-        "max_sse_clients": settings.max_sse_clients, "max_num_seqs": settings.max_num_seqs}))
+        "max_sse_clients": settings.max_sse_clients, "max_connections": settings.max_connections,
+        "max_num_seqs": settings.max_num_seqs}))
     health = Health()
     plane = None
     if policy is not None:
@@ -138,7 +155,7 @@ def run_serve(args: argparse.Namespace) -> int:
     app.router.lifespan_context = lifespan
     # an open dashboard holds an endless event stream: cut it after a short grace instead of waiting for the tab
     server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                           timeout_graceful_shutdown=3))
+                                           timeout_graceful_shutdown=3, limit_concurrency=settings.max_connections))
     with contextlib.suppress(KeyboardInterrupt):    # uvicorn re-raises the Ctrl-C it shut down on, as uvicorn.run
         server.run()
     if not server.started:

@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1 << 20, ge=1024, description="a larger request body gets 413, unread")
     max_prompt_chars: int = Field(1 << 17, ge=1, description="a longer prompt gets 400, untokenized")
     max_sse_clients: int = Field(32, ge=1, description="dashboard event streams open at once; past it, 429")
+    max_connections: int = Field(2048, ge=8, description="open HTTP connections, and requests in flight; a request "
+                                 "past it gets 503 from the HTTP server (a backstop behind the queue bounds)")
     retention_days: float = Field(DEFAULT_RETENTION_DAYS, ge=0, description="decisions, trials and windows older than this are "
                                   "pruned (never the config history rollback needs); 0 keeps everything")
     ep: int = Field(1, ge=1, le=64, description="expert-parallel ranks (processes) serving the MoE target")

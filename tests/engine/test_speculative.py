@@ -5,6 +5,7 @@ from seam import EngineConfig
 from tests.engine.helpers import code_prompts, generate, make_engine
 
 PROMPTS = 50
+ALONE = 12      # prompts for batch size 1: one at a time, each costs as many engine steps as a batch of 8
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,8 @@ def plain_outputs(moe_models, prompts):
 @pytest.mark.parametrize("k", range(1, 9))
 def test_greedy_draft_model_output_equals_plain(moe_models, prompts, plain_outputs, k, batch_size):
     engine = make_engine(moe_models, EngineConfig(spec_method="draft_model", draft_len=k))
-    assert generate(engine, prompts, batch_size=batch_size) == plain_outputs
+    n = ALONE if batch_size == 1 else PROMPTS
+    assert generate(engine, prompts[:n], batch_size=batch_size) == plain_outputs[:n]
     assert engine.snapshot().drafted_tokens > 0
 
 

@@ -1,4 +1,5 @@
-"""`governor serve --demo-traffic` (the README's run command) serves, and its own demo traffic flows."""
+"""`governor serve --demo-traffic` (the README's run command) serves, and its own demo traffic flows; bad flags are
+refused; open connections are capped."""
 import os
 import signal
 import socket
@@ -55,3 +56,25 @@ def test_serve_refuses_an_unknown_model_naming_it():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "/no/such/model" in result.stderr
+
+
+def test_connections_past_the_cap_get_503_and_the_server_recovers_once_they_close(tmp_path):
+    port, cap = _free_port(), 8
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "governor.cli", "serve", "--port", str(port), "--no-controller"],
+                              env={**os.environ, "GOVERNOR_MAX_CONNECTIONS": str(cap)}, stderr=subprocess.PIPE,
+                              text=True)
+    idle = []
+    try:
+        assert _wait_for(lambda: httpx.get(f"{url}/health").status_code == 200, timeout=120), server.stderr
+        assert 'governor_limit{limit="max_connections",model="governor-moe"} 8.0' in httpx.get(f"{url}/metrics").text
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(cap)]
+        assert _wait_for(lambda: httpx.get(f"{url}/health").status_code == 503, timeout=10)
+        for connection in idle:
+            connection.close()
+        assert _wait_for(lambda: httpx.get(f"{url}/health").status_code == 200, timeout=10)
+    finally:
+        for connection in idle:
+            connection.close()
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=30)
