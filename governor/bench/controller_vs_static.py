@@ -46,7 +46,7 @@ TARGETS = {"oracle_vs_best_static": 1.15, "controller_vs_oracle": 0.95, "control
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
-                        help="smoke test: 3 s phases, two static arms, 2 repetitions (under 2 minutes)")
+                        help="smoke test: 2 s phases, two static arms, 2 repetitions (under 2 minutes)")
     parser.add_argument("--phase-seconds", type=float, default=20.0, help="length of each of the four phases")
     parser.add_argument("--repetitions", type=report.int_in(1, 20), default=3,
                         help="whole runs, the arm order rotated each time")
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if policy is None:
         return 2
     if args.quick:
-        args.phase_seconds, args.max_tokens = min(args.phase_seconds, 3.0), min(args.max_tokens, 24)
+        args.phase_seconds, args.max_tokens = min(args.phase_seconds, 2.0), min(args.max_tokens, 16)
         args.repetitions = min(args.repetitions, 2)
     models = load_models("governor-moe", device=torch.device("cpu"), dtype=torch.float32)
     specs = phases(models.tokenizer, args.phase_seconds, args.max_tokens)

@@ -10,7 +10,7 @@ from tests.engine.helpers import code_prompts, make_engine
 PLAIN = EngineConfig(version=1, spec_method="off", draft_len=0)
 SCHEDULE = ((1, 6), (2, 3), (4, 1), (64, 0))       # batch 1: k 6, 2: k 3, 3-4: k 1, above: 0
 SHORT = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-LONGER = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+LONGER = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
