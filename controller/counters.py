@@ -7,6 +7,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as PrometheusCounter
+from prometheus_client import Gauge
 
 
 class MetricsSink(Protocol):
@@ -19,6 +20,9 @@ class MetricsSink(Protocol):
     def trial(self, outcome: str) -> None:
         """governor_controller_trials_total{outcome}"""
 
+    def calibration(self, summary: dict) -> None:
+        """governor_controller_calibration{figure}: controller.calibration.Calibration.summary()'s numbers"""
+
 
 class CountingSink:
     """Counts in memory; the default when no Prometheus registry is hooked up."""
@@ -28,6 +32,7 @@ class CountingSink:
         self.decisions: Counter[str] = Counter()
         self.trials: Counter[str] = Counter()
         self.rollbacks = 0
+        self.calibration_summary: dict = {}
 
     def decision(self, action: str) -> None:
         with self._lock:
@@ -41,6 +46,10 @@ class CountingSink:
         with self._lock:
             self.trials[outcome] += 1
 
+    def calibration(self, summary: dict) -> None:
+        with self._lock:
+            self.calibration_summary = dict(summary)
+
 
 class PrometheusCounters:
     """The same counters on a Prometheus registry (the engine's, so /metrics serves them), labelled by model."""
@@ -52,6 +61,9 @@ class PrometheusCounters:
                                   ("model",), registry=registry).labels(model)
         self._trials = PrometheusCounter("governor_controller_trials", "Trials judged, by outcome", ("model", "outcome"),
                                registry=registry)
+        self._calibration = Gauge("governor_controller_calibration", "Predicted vs measured trial gains: trials, "
+                                  "median_abs_error (median |measured/predicted - 1|), over_predicted_share, and the "
+                                  "same of the uncalibrated model (raw_...)", ("model", "figure"), registry=registry)
         self._model = model
 
     def decision(self, action: str) -> None:
@@ -62,3 +74,8 @@ class PrometheusCounters:
 
     def trial(self, outcome: str) -> None:
         self._trials.labels(self._model, outcome).inc()
+
+    def calibration(self, summary: dict) -> None:
+        for figure, value in summary.items():
+            if value is not None:
+                self._calibration.labels(self._model, figure).set(value)

@@ -101,6 +101,9 @@ class GoodputModel:
         costs = self.bands.get(band)
         return costs is not None and bool(costs.target.per_k) and bool(costs.draft.per_k) and bool(self.survival())
 
+    def measured_bands(self) -> set[int]:
+        return {band for band in self.bands if self.ready(band)}
+
     def measured_ks(self, band: int) -> list[int]:
         return sorted(self.bands[band].draft.per_k) if band in self.bands else []
 

@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from controller.calibration import Calibration
 from controller.clients import ApplyFailed, EngineClient, EngineClientError
 from controller.counters import CountingSink, MetricsSink
 from controller.judge import BETTER, INCONCLUSIVE, SwitchbackJudge, Verdict
@@ -71,6 +72,7 @@ class Controller:
         self._slo_alert: str | None = None         # startsAt of the built-in SLO alert while it fires
         self.alerts = None                         # set by AlertIntake, for the built-in SLO evaluator
         self.policy, self.policy_name = policy, policy_name
+        self.calibration = Calibration()              # predicted vs measured gains, kept across policy switches
         self.strategy = self._strategy_for(policy) if resume else RulePolicy(policy)
         self._before_search: tuple[Policy, str] | None = None
         self._wanted: EngineConfig | None = None     # a config to converge to that could not be applied yet
@@ -194,6 +196,9 @@ class Controller:
         candidate, incumbent = trial.arm("candidate"), trial.arm("incumbent")
         self.store.finish_trial(trial.id, outcome, gain)
         self.metrics.trial(outcome)
+        if trial.proposal.raw_gain is not None and gain is not None:
+            self.calibration.record(kind, trial.proposal.raw_gain, trial.proposal.predicted_gain, gain)
+            self.metrics.calibration(self.calibration.summary())
         self.strategy.finished(trial.proposal, outcome, candidate, self.window_index)
         inputs = {"kind": kind, "outcome": outcome, "seconds": round(time.monotonic() - trial.started, 3),
                   "trial": None if candidate is None else window_summary(candidate),
@@ -363,6 +368,7 @@ class Controller:
                     "converging_to": None if self._wanted is None else self._wanted.version,
                     "config": self.current.model_dump(), "last_known_good": self.last_known_good.model_dump(),
                     "pin": None if pin is None else pin.__dict__, "window_index": self.window_index,
+                    "calibration": self.calibration.summary(),
                     "trial": None if self._trial is None else {"id": self._trial.id, "kind": self._trial.proposal.kind,
                                                                "reason": self._trial.proposal.reason}}
 
@@ -464,7 +470,7 @@ class Controller:
             # optuna is heavy (it loads alembic and the samplers): imported only when a search runs
             from controller.optuna_search import OptunaSearch
             return OptunaSearch(policy, self.store.url)
-        return RulePolicy(policy)
+        return RulePolicy(policy, calibration=self.calibration)
 
 
 def _speculation_gain(kind: str, gain: float | None) -> float | None:

@@ -1,12 +1,14 @@
-"""The rule policy: what to try next, from the measured Window and the goodput model. Each proposal becomes a
-trial that the loop holds for a window and judges against the baseline window."""
+"""The rule policy: what to try next, from the measured Window and the goodput models. Each proposal becomes a
+switchback trial the loop judges; predicted gains are calibrated against what earlier trials measured."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from controller.calibration import Calibration
 from controller.goodput import GoodputModel, batch_band
+from controller.schedule import learned, schedule_text
 from controller.strategy import Proposal
 from controller.window_stats import tokens_per_busy_second
 from engine.placement import Topology, balancedness, tokens_per_device
@@ -14,28 +16,39 @@ from engine.planner import plan_placement
 from policies import Policy
 from seam import EngineConfig, Window
 
+DRAFTERS = ("draft_model", "ngram")
+
 
 @dataclass
 class RuleState:
     """What the rules remember between windows."""
-    model: GoodputModel = field(default_factory=GoodputModel)
+    models: dict[str, GoodputModel] = field(default_factory=lambda: {m: GoodputModel() for m in DRAFTERS})
     last_mode_probe: int = 0                             # window index of the last speculation on/off probe
+    last_drafter_probe: int = 0                          # window index of the last try of the other drafter
     rejected: dict[tuple, int] = field(default_factory=dict)   # (kind, value) -> window index it was reverted
     last_placement: int | None = None
     spec_method: str = "draft_model"                     # the method to re-enable speculation with
+    unavailable: set[str] = field(default_factory=set)   # drafters the engine refused (e.g. no draft model)
 
 
 class RulePolicy:
-    """A Strategy: rules over the goodput model, mode probes, capacity factor from drops, placement from heat."""
+    """A Strategy: rules over the goodput models (one per drafter), mode probes, drafter choice, capacity factor
+    from drops, placement from heat."""
     name = "rules"
 
-    def __init__(self, policy: Policy, state: RuleState | None = None):
+    def __init__(self, policy: Policy, state: RuleState | None = None, calibration: Calibration | None = None):
         self.policy, self.state = policy, state or RuleState()
+        self.calibration = calibration or Calibration()
 
     def observe(self, window: Window) -> None:
-        self.state.model.observe(window)
+        """A window of plain decoding measures the target's cost at k = 0, which every drafter's model shares."""
+        for method, model in self.state.models.items():
+            if window.spec_method in (method, "off"):
+                model.observe(window)
 
     def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int) -> None:
+        if outcome == "failed" and proposal.kind == "spec_method":
+            self.state.unavailable.add(proposal.config.spec_method)
         if outcome != "kept":
             self.state.rejected[(proposal.kind, _value(proposal))] = window_index
 
@@ -48,7 +61,7 @@ class RulePolicy:
     def propose(self, current: EngineConfig, baseline: Window, window_index: int) -> Proposal | None:
         if current.spec_method != "off":
             self.state.spec_method = current.spec_method
-        for rule in (self._mode_probe, self._draft_len, self._capacity_factor, self._placement):
+        for rule in (self._mode_probe, self._draft_len, self._drafter, self._capacity_factor, self._placement):
             proposal = rule(current, baseline, window_index)
             if proposal is not None and not self._recently_rejected(proposal, window_index):
                 return proposal
@@ -68,39 +81,76 @@ class RulePolicy:
         if current.speculative_len > 0:
             return Proposal(current.changed(spec_method="off"), "fallback_probe",
                             f"probe plain decoding: speculation stays only while it beats it by {spec.min_gain}x",
-                            keep_gain=1 / spec.min_gain, inputs=self._inputs(baseline))
-        model, k, band = self.state.model, current.draft_len or 1, batch_band(baseline.batch_size_mean)
+                            keep_gain=1 / spec.min_gain, inputs=self._inputs(current, baseline))
+        model, k, band = self._model(self.state.spec_method), current.draft_len or 1, _band(baseline)
         if model.ready(band):
-            k = model.best(self._reachable(band), band).k
+            k = model.best(self._reachable(model, band), band).k
         threshold = spec.min_gain + spec.hysteresis
-        return Proposal(current.changed(spec_method=self.state.spec_method, draft_len=k),
-                        "speculation_probe", f"probe speculation at k={k}: re-enabled only if it beats plain "
-                        f"decoding by {threshold:.3f}x (min_gain + hysteresis)", keep_gain=threshold,
-                        inputs=self._inputs(baseline))
+        candidate = learned(current.changed(spec_method=self.state.spec_method), band, k, model.measured_bands())
+        return Proposal(candidate, "speculation_probe", f"probe speculation at {schedule_text(candidate)}: re-enabled "
+                        f"only if it beats plain decoding by {threshold:.3f}x (min_gain + hysteresis)",
+                        keep_gain=threshold, inputs=self._inputs(current, baseline))
 
-    # -- draft length from the goodput model ----------------------------------------------------------------------
+    # -- k by batch band, from the goodput model ------------------------------------------------------------------
 
-    def _reachable(self, band: int) -> range:
+    def _model(self, method: str) -> GoodputModel:
+        return self.state.models[method if method in DRAFTERS else self.state.spec_method]
+
+    def _reachable(self, model: GoodputModel, band: int) -> range:
         """k values a trial may try: measured costs extrapolate only k_step past the largest k measured."""
         spec = self.policy.speculation
-        measured = max(self.state.model.measured_ks(band), default=0)
+        measured = max(model.measured_ks(band), default=0)
         return range(1, min(spec.k_max, measured + spec.k_step) + 1)
 
     def _draft_len(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
-        model, band = self.state.model, batch_band(baseline.batch_size_mean)
+        """Set the k of the batch band the traffic is in (and of the bands never measured) to the model's best;
+        the bands learned already keep theirs, so the schedule fills in as the load visits each band."""
+        model, band = self._model(current.spec_method), _band(baseline)
         if current.speculative_len == 0 or not model.ready(band):
             return None
-        best = model.best(self._reachable(band), band)
-        gain = model.gain(best.k, current.draft_len, band)
-        if best.k == current.draft_len or gain < self.policy.trial.min_predicted_gain:
+        k_now = current.draft_len_for(_batch(baseline))
+        best = model.best(self._reachable(model, band), band)
+        if best.k == k_now:
             return None
-        return Proposal(current.changed(draft_len=best.k), "draft_len",
-                        f"k {current.draft_len} -> {best.k}: expected goodput model predicts {gain:.3f}x",
-                        keep_gain=self.policy.trial.keep_gain, predicted_gain=gain,
-                        inputs={**self._inputs(baseline), "predictions": {
-                            k: {"tokens_per_step": round(p.tokens_per_step, 4),
-                                "seconds_per_step": round(p.seconds_per_step, 6)}
-                            for k in self._reachable(band) for p in [model.predict(k, band)]}})
+        return self._predicted(
+            learned(current, band, best.k, model.measured_bands()), "draft_len", model.gain(best.k, k_now, band),
+            f"batch band {band}: k {k_now} -> {best.k}", current, baseline)
+
+    # -- which drafter: the draft model or prompt lookup ----------------------------------------------------------
+
+    def _drafter(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
+        """Switch drafter when its model predicts a gain; try a drafter never measured at this batch band every
+        reprobe_windows, so both models learn."""
+        if current.spec_method not in DRAFTERS:
+            return None
+        other = next(m for m in DRAFTERS if m != current.spec_method)
+        if other in self.state.unavailable:
+            return None
+        mine, theirs, band = self._model(current.spec_method), self._model(other), _band(baseline)
+        k_now = current.draft_len_for(_batch(baseline))
+        if mine.ready(band) and theirs.ready(band):
+            best = theirs.best(self._reachable(theirs, band), band)
+            raw = best.tokens_per_second / mine.predict(k_now, band).tokens_per_second
+            candidate = learned(current.changed(spec_method=other), band, best.k, theirs.measured_bands())
+            return self._predicted(candidate, "spec_method", raw, f"drafter {current.spec_method} -> {other} at "
+                                   f"batch band {band}, k {best.k}", current, baseline)
+        if index - self.state.last_drafter_probe < self.policy.speculation.reprobe_windows:
+            return None
+        self.state.last_drafter_probe = index
+        return Proposal(current.changed(spec_method=other), "spec_method",
+                        f"try drafter {other} at batch band {band} (never measured there): kept only if it beats "
+                        f"{current.spec_method}", keep_gain=self.policy.trial.keep_gain,
+                        inputs=self._inputs(current, baseline))
+
+    def _predicted(self, candidate: EngineConfig, kind: str, raw: float, what: str, current: EngineConfig,
+                   baseline: Window) -> Proposal | None:
+        """A proposal only if the calibrated prediction clears min_predicted_gain."""
+        gain = self.calibration.corrected(kind, raw)
+        if gain < self.policy.trial.min_predicted_gain:
+            return None
+        return Proposal(candidate, kind, f"{what}: goodput model predicts {raw:.3f}x, calibrated {gain:.3f}x "
+                        f"({schedule_text(candidate)})", keep_gain=self.policy.trial.keep_gain, predicted_gain=gain,
+                        raw_gain=raw, inputs=self._inputs(current, baseline))
 
     # -- capacity factor and placement (MoE targets only) -----------------------------------------------------------
 
@@ -112,7 +162,7 @@ class RulePolicy:
         routed = float(np.sum(baseline.expert_tokens))
         drop_rate = dropped / routed if routed else 0.0
         waste = 1 - (1 - drop_rate) / factor
-        inputs = {**self._inputs(baseline), "drop_rate": drop_rate, "padding_waste": waste}
+        inputs = {**self._inputs(current, baseline), "drop_rate": drop_rate, "padding_waste": waste}
         if drop_rate > capacity.max_drop_rate and factor < capacity.max_factor:
             new = min(factor + capacity.step, capacity.max_factor)
             reason = f"capacity factor {factor} -> {new}: drop rate {drop_rate:.4f} > {capacity.max_drop_rate}"
@@ -146,11 +196,24 @@ class RulePolicy:
                         f"re-place experts: balancedness {balance:.3f} -> predicted {predicted:.3f}; saves "
                         f"{saved:.2f} s over {placement.payback_windows} windows > {placement.migration_stall_seconds}"
                         f" s stall", keep_gain=self.policy.trial.keep_gain, predicted_gain=predicted / balance,
-                        inputs={**self._inputs(baseline), "balancedness": balance, "predicted_balancedness": predicted})
+                        inputs={**self._inputs(current, baseline), "balancedness": balance,
+                                "predicted_balancedness": predicted})
 
-    def _inputs(self, baseline: Window) -> dict:
+    def _inputs(self, current: EngineConfig, baseline: Window) -> dict:
+        band, model = _band(baseline), self._model(current.spec_method)
+        predictions = {} if not model.ready(band) else {
+            k: {"tokens_per_step": round(p.tokens_per_step, 4), "seconds_per_step": round(p.seconds_per_step, 6)}
+            for k in self._reachable(model, band) for p in [model.predict(k, band)]}
         return {"baseline_tokens_per_busy_second": round(tokens_per_busy_second(baseline), 2),
-                "model": self.state.model.describe(batch_band(baseline.batch_size_mean))}
+                "model": model.describe(band), "predictions": predictions, "calibration": self.calibration.summary()}
+
+
+def _band(window: Window) -> int:
+    return batch_band(window.batch_size_mean)
+
+
+def _batch(window: Window) -> int:
+    return max(1, round(window.batch_size_mean))
 
 
 def _slot_heat(heat: np.ndarray, phy2log: list[list[int]]) -> np.ndarray:
@@ -163,5 +226,6 @@ def _slot_heat(heat: np.ndarray, phy2log: list[list[int]]) -> np.ndarray:
 
 
 def _value(proposal: Proposal) -> object:
-    return {"draft_len": proposal.config.draft_len, "capacity_factor": proposal.config.capacity_factor
-            }.get(proposal.kind, proposal.kind)
+    config = proposal.config
+    return {"draft_len": config.k_schedule, "spec_method": (config.spec_method, config.k_schedule),
+            "capacity_factor": config.capacity_factor}.get(proposal.kind, proposal.kind)

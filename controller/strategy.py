@@ -11,10 +11,11 @@ from seam import EngineConfig, Window
 @dataclass(frozen=True)
 class Proposal:
     config: EngineConfig        # unversioned; the loop records it as a new version
-    kind: str                   # draft_len | fallback_probe | speculation_probe | capacity_factor | placement | optuna
+    kind: str       # draft_len, spec_method, fallback_probe, speculation_probe, capacity_factor, placement, optuna
     reason: str
     keep_gain: float            # keep the trial if the judge's lower bound of candidate / incumbent clears this
-    predicted_gain: float | None = None
+    predicted_gain: float | None = None     # calibrated (controller.calibration): what the proposal was made on
+    raw_gain: float | None = None           # what the goodput model predicted before calibration
     inputs: dict = field(default_factory=dict)
     optuna_trial: object | None = None
 

@@ -168,7 +168,7 @@ class Engine:
     def step(self) -> list[Emission]:
         self._adopt_pending_config()
         queue_depth = len(self.scheduler.waiting)
-        plan = self.scheduler.schedule(self.config.speculative_len)
+        plan = self.scheduler.schedule(self.config.draft_len_for(self.scheduler.next_batch_size))
         if not plan:
             return []
         started = time.perf_counter()

@@ -182,8 +182,9 @@ def _pad(array: np.ndarray, shape) -> np.ndarray:
 class _ConfigInfo(Collector):
     """governor_config_info{model, version, spec_method, draft_len, ...} 1: the live EngineConfig as labels.
 
-    Every scalar field becomes a label of its own name; a structured one (e.g. placement) becomes a short digest,
-    so labels stay bounded while a change remains visible.
+    Every scalar field becomes a label of its own name; draft_len_schedule reads "up_to:k,..." (e.g. "1:8,4:4,16:0");
+    another structured one (e.g. placement) becomes a short digest, so labels stay bounded while a change remains
+    visible.
     """
 
     def __init__(self, model: str):
@@ -194,11 +195,16 @@ class _ConfigInfo(Collector):
         labels = {"model": self.model}
         if self.config is not None:
             labels |= {name: _label_value(value) for name, value in self.config.model_dump().items()}
+            labels["draft_len_schedule"] = schedule_label(self.config.draft_len_schedule)
         family = GaugeMetricFamily("governor_config_info", "The engine configuration in use; always 1",
                                    labels=list(labels))
         if self.config is not None:
             family.add_metric(list(labels.values()), 1)
         yield family
+
+
+def schedule_label(schedule: tuple[tuple[int, int], ...] | None) -> str:
+    return "None" if schedule is None else ",".join(f"{up_to}:{k}" for up_to, k in schedule)
 
 
 def _label_value(value) -> str:

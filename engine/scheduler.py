@@ -37,6 +37,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def next_batch_size(self) -> int:
+        """Sequences the next step will hold (running ones and those it may admit): what k follows."""
+        return min(len(self.running) + len(self.waiting), max(self.max_num_seqs, len(self.running)))
+
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 

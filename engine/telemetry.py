@@ -77,9 +77,11 @@ class _Accumulator:
 
     def window(self, config: EngineConfig, **extra) -> Window:
         sizes, depths = self.batch_sizes or [0], self.queue_depths or [0]
+        batch_size_mean = sum(sizes) / len(sizes)
         return Window(
             start=self.start, end=time.time(), config_version=config.version, spec_method=config.spec_method,
-            draft_len=config.speculative_len, steps=self.steps, num_drafts=self.num_drafts,
+            draft_len=config.draft_len_for(max(1, round(batch_size_mean))), steps=self.steps,
+            num_drafts=self.num_drafts,
             drafted_tokens=sum(self.drafted_per_position), accepted_tokens=sum(self.accepted_per_position),
             drafted_per_position=list(self.drafted_per_position),
             accepted_per_position=list(self.accepted_per_position),
@@ -88,7 +90,7 @@ class _Accumulator:
             draft_forward_seconds=self.draft_forward_seconds, step_seconds=self.step_seconds,
             ttft_seconds=LatencySummary.of(list(self.ttft)),
             inter_token_seconds=LatencySummary.of(list(self.inter_token)),
-            e2e_seconds=LatencySummary.of(list(self.e2e)), batch_size_mean=sum(sizes) / len(sizes),
+            e2e_seconds=LatencySummary.of(list(self.e2e)), batch_size_mean=batch_size_mean,
             batch_size_max=max(sizes), queue_depth_mean=sum(depths) / len(depths), queue_depth_max=max(depths),
             expert_tokens=_listed(self.expert_tokens), slot_tokens=_listed(self.slot_tokens),
             rank_tokens=_listed(self.rank_tokens),

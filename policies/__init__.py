@@ -4,6 +4,7 @@ from policies.schema import (
     JudgePolicy,
     Policy,
     PolicyError,
+    SearchSpace,
     TrialPolicy,
     load_policy,
     parse_policy,
@@ -11,5 +12,5 @@ from policies.schema import (
     shipped_policies,
 )
 
-__all__ = ["AlertAction", "JudgePolicy", "Policy", "PolicyError", "TrialPolicy", "load_policy", "parse_policy",
-           "resolve_policy_path", "shipped_policies"]
+__all__ = ["AlertAction", "JudgePolicy", "Policy", "PolicyError", "SearchSpace", "TrialPolicy", "load_policy",
+           "parse_policy", "resolve_policy_path", "shipped_policies"]

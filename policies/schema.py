@@ -7,7 +7,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from seam import MAX_DRAFT_LEN
+from seam import MAX_DRAFT_LEN, SpecMethod
 
 AlertAction = Literal["rollback", "disable_speculation", "pin", "notify"]
 SHIPPED = Path(__file__).parent
@@ -123,8 +123,34 @@ class FloatRange(_Section):
 
 
 class SearchSpace(_Section):
-    draft_len: IntRange = IntRange(low=0, high=8)
-    capacity_factor: FloatRange | None = None
+    spec_method: tuple[SpecMethod, ...] = Field(("draft_model", "ngram", "off"), min_length=1,
+                                                description="drafters a trial may choose among")
+    draft_len: IntRange = Field(IntRange(low=0, high=8), description="k each batch band may take")
+    batch_bands: tuple[int, ...] = Field((), max_length=8, description=(
+        "up_to_batch_size edges of the k schedule, e.g. [1, 4, 16]: one k per band and one beyond the last; "
+        "empty: one k (draft_len) for every batch size"))
+    capacity_factor: FloatRange | None = Field(None, description="searched on MoE targets only")
+
+    @field_validator("draft_len")
+    @classmethod
+    def _k_in_range(cls, draft_len: IntRange) -> IntRange:
+        if draft_len.high > MAX_DRAFT_LEN:
+            raise ValueError(f"high must be <= {MAX_DRAFT_LEN}")
+        return draft_len
+
+    @field_validator("spec_method")
+    @classmethod
+    def _distinct(cls, methods: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(methods)) != len(methods):
+            raise ValueError("each method at most once")
+        return methods
+
+    @field_validator("batch_bands")
+    @classmethod
+    def _increasing(cls, edges: tuple[int, ...]) -> tuple[int, ...]:
+        if any(edge < 1 for edge in edges) or any(b <= a for a, b in zip(edges, edges[1:])):
+            raise ValueError("must be >= 1 and strictly increasing")
+        return edges
 
 
 class OptunaPolicy(_Section):

@@ -1,13 +1,18 @@
 """The seam's knob set (EngineConfig) and per-request sampling parameters."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_DRAFT_LEN = 16
+MAX_SCHEDULE_BANDS = 32
 
 SpecMethod = Literal["off", "draft_model", "ngram"]
+SPEC_METHODS: tuple[SpecMethod, ...] = ("draft_model", "ngram", "off")
+UpToBatchSize = Annotated[int, Field(ge=1, le=1_000_000)]
+BandDraftLen = Annotated[int, Field(ge=0, le=MAX_DRAFT_LEN)]
+DraftLenSchedule = tuple[tuple[UpToBatchSize, BandDraftLen], ...]
 
 
 class EngineConfig(BaseModel):
@@ -16,7 +21,11 @@ class EngineConfig(BaseModel):
 
     version: int = Field(0, ge=0)
     spec_method: SpecMethod = "draft_model"
-    draft_len: int = Field(4, ge=0, le=MAX_DRAFT_LEN)
+    draft_len: int = Field(4, ge=0, le=MAX_DRAFT_LEN, description="k at every batch size (without a schedule)")
+    draft_len_schedule: DraftLenSchedule | None = Field(None, min_length=1, max_length=MAX_SCHEDULE_BANDS, description=(
+        "k by batch size: [[up_to_batch_size, k], ...], up_to_batch_size strictly increasing; a step of b sequences "
+        "drafts the k of the first band with b <= up_to_batch_size (beyond the last band, its k); when set it "
+        "takes the place of draft_len"))
     ngram_min: int = Field(1, ge=1, le=8, description="shortest suffix n-gram prompt lookup matches")
     ngram_max: int = Field(4, ge=1, le=8, description="longest suffix n-gram prompt lookup tries first")
     capacity_factor: float = Field(0.0, ge=0, le=16, description=(
@@ -25,6 +34,17 @@ class EngineConfig(BaseModel):
     placement: tuple[tuple[int, ...], ...] | None = Field(None, description=(
         "per MoE layer, the logical expert each physical slot holds (replicas allowed); slot s runs on "
         "expert-parallel rank s // slots_per_device; None = experts in order over the slots"))
+
+    @field_validator("draft_len_schedule")
+    @classmethod
+    def _increasing(cls, schedule: DraftLenSchedule | None) -> DraftLenSchedule | None:
+        if schedule is None:
+            return None
+        for index, (up_to, _) in enumerate(schedule):
+            if index and up_to <= schedule[index - 1][0]:
+                raise ValueError(f"band {index}: up_to_batch_size must be strictly increasing "
+                                 f"({up_to} after {schedule[index - 1][0]})")
+        return schedule
 
     @model_validator(mode="after")
     def _ngram_range(self) -> EngineConfig:
@@ -37,9 +57,20 @@ class EngineConfig(BaseModel):
         return type(self).model_validate({**self.model_dump(), **changes})
 
     @property
+    def k_schedule(self) -> DraftLenSchedule:
+        """The schedule in use: draft_len is the one-band case."""
+        return self.draft_len_schedule if self.draft_len_schedule is not None else ((1, self.draft_len),)
+
+    def draft_len_for(self, batch_size: int) -> int:
+        """The k a step of batch_size sequences drafts: 0 when speculation is off."""
+        if self.spec_method == "off":
+            return 0
+        return next((k for up_to, k in self.k_schedule if batch_size <= up_to), self.k_schedule[-1][1])
+
+    @property
     def speculative_len(self) -> int:
-        """The k actually used: 0 when speculation is off."""
-        return 0 if self.spec_method == "off" else self.draft_len
+        """The largest k any batch size drafts: 0 when speculation is off (at every batch size)."""
+        return 0 if self.spec_method == "off" else max(k for _, k in self.k_schedule)
 
 
 class Experiment(BaseModel):

@@ -78,13 +78,25 @@ function fillTable(id, rows, columns, empty) {
 const utc = (iso) => (iso.endsWith("Z") || iso.includes("+") ? iso : `${iso}Z`);
 const time = (iso) => (iso ? new Date(utc(iso)).toLocaleTimeString([], { hour12: false }) : "");
 const gain = (g) => (g === null || g === undefined ? "–" : `${g.toFixed(3)}x`);
-const short = (v) => (v !== null && typeof v === "object" ? "(structured)" : String(v));
+// a k schedule reads "b≤1: k8, b≤4: k4, …"; any other structured value is only marked as such
+const scheduleText = (bands) => bands.map(([upTo, k]) => `b≤${upTo}: k${k}`).join(", ");
+const short = (v, key) => (key === "draft_len_schedule" && Array.isArray(v) ? scheduleText(v)
+  : v !== null && typeof v === "object" ? "(structured)" : String(v));
 const diffText = (diff) => Object.entries(diff || {})     // a first version has nothing before it
-  .map(([k, [a, b]]) => (a === null ? `${k} = ${short(b)}` : `${k}: ${short(a)} → ${short(b)}`)).join("; ");
+  .map(([k, [a, b]]) => (a === null ? `${k} = ${short(b, k)}` : `${k}: ${short(a, k)} → ${short(b, k)}`)).join("; ");
+
+const percent = (x) => `${(100 * x).toFixed(0)}%`;
+const calibrationText = (c) => (!c || !c.trials ? "what-if calibration: no predicted trial measured yet"
+  : `what-if calibration over ${c.trials} trials: median |measured/predicted − 1| ${percent(c.median_abs_error)}, `
+    + `${percent(c.over_predicted_share)} over-predicted (uncalibrated model: ${percent(c.raw_median_abs_error)}, `
+    + `${percent(c.raw_over_predicted_share)})`);
 
 function drawState(state) {
   const config = state.config;
   $("speculation").textContent = `speculation: ${state.speculation}`;
+  $("drafter").textContent = state.speculation !== "on" ? "plain decoding"
+    : `${config.spec_method === "ngram" ? "prompt lookup (n-gram)" : "draft model"} · ${
+      config.draft_len_schedule ? `k by batch: ${scheduleText(config.draft_len_schedule)}` : `k ${config.draft_len}`}`;
   $("speculation").className = `badge ${state.speculation}`;
   $("config-version").textContent = `config v${config.version}`;
   const ctl = state.controller;
@@ -95,13 +107,15 @@ function drawState(state) {
     const dt = document.createElement("dt");
     const dd = document.createElement("dd");
     dt.textContent = key;
-    dd.textContent = value !== null && typeof value === "object" ? JSON.stringify(value) : String(value);
+    dd.textContent = key === "draft_len_schedule" && Array.isArray(value) ? scheduleText(value)
+      : value !== null && typeof value === "object" ? JSON.stringify(value) : String(value);
     dl.append(dt, dd);
   }
   $("pin-state").textContent = !ctl ? "" : [
     ctl.pin ? `pinned v${ctl.pin.config_version} by ${ctl.pin.owner}` : "not pinned",
     ctl.trial ? `trial ${ctl.trial.id} running: ${ctl.trial.reason}` : "no trial running",
     `last known good v${ctl.last_known_good.version}`].join(" · ");
+  $("calibration").textContent = ctl ? calibrationText(ctl.calibration) : "";
   fillTable("history", state.history, (v) => [[v.id, "num"], [time(v.at), "num"], [v.source], [diffText(v.diff)],
     [v.reason]], "no config versions");
   fillTable("decisions", state.decisions, (d) => [[d.id, "num"], [time(d.at), "num"], [d.action], [d.reason],
@@ -117,6 +131,7 @@ function drawState(state) {
 function fillPinForm(config) {
   $("pin-method").value = config.spec_method;
   $("pin-k").value = config.draft_len;
+  $("pin-schedule").value = config.draft_len_schedule ? JSON.stringify(config.draft_len_schedule) : "";
   $("pin-capacity").value = config.capacity_factor;
 }
 
@@ -164,9 +179,18 @@ function wireActions() {
   $("pin-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const { version, ...config } = current ? current.config : {};
+    const schedule = $("pin-schedule").value.trim();
+    let bands = null;                             // empty: no schedule, k applies at every batch size
+    try {
+      bands = schedule ? JSON.parse(schedule) : null;
+    } catch (error) {
+      $("action-result").className = "error";
+      $("action-result").textContent = `Pin refused: k by batch size is not JSON (${error.message})`;
+      return;
+    }
     act("Pin", "PUT", "/admin/config", {
       ...config, spec_method: $("pin-method").value, draft_len: Number($("pin-k").value),
-      capacity_factor: Number($("pin-capacity").value),
+      draft_len_schedule: bands, capacity_factor: Number($("pin-capacity").value),
     });
   });
   $("release").addEventListener("click", () => act("Release", "POST", "/admin/release"));

@@ -1,67 +1,56 @@
-"""`governor bench controller`: the controller against static configs on phase-shifting traffic.
+"""`governor bench controller`: can the controller adapt? It against static configs and the per-phase oracle.
 
-The load generator sends the same phases (code at temperature 0, prose at high temperature, code again at another
-QPS) to one engine per arm, each served in-process over loopback HTTP: the controller (starting from the engine's
-default config), each static config, and the per-phase oracle (the best static arm in each phase, from those runs).
-Goodput counts the output tokens of requests that met the policy's SLO (TTFT and mean inter-token latency). Writes
-controller.json and controller.png (goodput over time per arm, the controller's config changes, phases shaded).
+The workload (governor/bench/adaptation_workload.py) runs phases whose best config differs, with closed-loop
+clients. Each arm (every static config, and the controller starting from the engine's default config) serves the
+whole workload on a fresh engine; the per-phase oracle is the best static arm in each phase of the same repetition.
+The whole run is repeated (--repetitions, >= 3 for the full run) with the arm order rotated each time (a Latin
+square: every arm runs in every position), and each ratio is reported as its mean over the repetitions with a 95 %
+Student-t interval. Writes controller.json (summary, per repetition figures, the controller's decisions and its
+calibration) and controller.png (goodput per arm over time, and the config the controller had in use).
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
+import datetime as dt
+import statistics
 import tempfile
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from scipy import stats
 
 from controller.clients import InProcessClient
 from controller.plane import build_control_plane
-from engine.api import create_app
 from engine.engine import Engine
-from engine.loadgen import LoadResult, Phase, run_phases
-from engine.local_server import serving_in_thread
-from engine.service import EngineService
 from governor.bench import report
+from governor.bench.adaptation_workload import LOW_ACCEPTANCE_PHASE, RunResult, goodput, phases, run_closed_loop
+from governor.bench.controller_timeline import RecordingClient, figure
 from governor.control_cli import policy_or_none
 from governor.loaders import load_models
 from policies import Policy
-from seam import EngineConfig, Experiment
+from seam import EngineConfig
 
 NAME = "controller"
-HELP = "the controller vs static configs and the per-phase oracle on phase-shifting load"
+HELP = "the controller vs static configs and the per-phase oracle on phases that need different configs"
 STATIC = {"plain": EngineConfig(spec_method="off", draft_len=0),
           "draft k=2": EngineConfig(spec_method="draft_model", draft_len=2),
           "draft k=4": EngineConfig(spec_method="draft_model", draft_len=4),
-          "draft k=8": EngineConfig(spec_method="draft_model", draft_len=8),
-          "ngram k=4": EngineConfig(spec_method="ngram", draft_len=4)}
-QUICK_STATIC = ("plain", "ngram k=4")
+          "ngram k=8": EngineConfig(spec_method="ngram", draft_len=8)}
+QUICK_STATIC = ("plain", "ngram k=8")
 CONTROLLER = "controller"
-LOW_ACCEPTANCE_PHASE = "prose-hot"
-BIN_SECONDS = 2.0
 KEPT = ("keep", "fallback", "reenable")
-TARGETS = {"oracle_ratio": 0.95, "best_static_ratio": 1.10, "low_acceptance_vs_plain": 0.98}
-
-
-@dataclass
-class Arm:
-    name: str
-    result: LoadResult
-    applies: list[dict] = field(default_factory=list)       # the controller's config changes, seconds into the run
-    decisions: list[dict] = field(default_factory=list)
+TARGETS = {"oracle_vs_best_static": 1.15, "controller_vs_oracle": 0.95, "controller_vs_best_static": 1.10,
+           "low_acceptance_phase_vs_plain": 0.98}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="smoke test: short phases, two static arms")
-    parser.add_argument("--phase-seconds", type=float, default=30.0, help="length of each of the three phases")
-    parser.add_argument("--qps", type=float, default=5.0, help="arrival rate of the first code phase")
-    parser.add_argument("--prose-qps", type=float, default=5.0, help="arrival rate of the prose phase")
-    parser.add_argument("--shifted-qps", type=float, default=2.5, help="arrival rate of the last code phase")
-    parser.add_argument("--prose-temperature", type=float, default=1.5)
-    parser.add_argument("--max-tokens", type=report.int_in(1, 1024), default=64)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: 2 s phases, two static arms, 2 repetitions (under 2 minutes)")
+    parser.add_argument("--phase-seconds", type=float, default=20.0, help="length of each of the four phases")
+    parser.add_argument("--repetitions", type=report.int_in(1, 20), default=3,
+                        help="whole runs, the arm order rotated each time")
+    parser.add_argument("--max-tokens", type=report.int_in(1, 128), default=48)
     parser.add_argument("--policy", default="responsive", help="the controller's policy file or shipped name")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for controller.json/.png")
 
@@ -71,219 +60,139 @@ def run(args: argparse.Namespace) -> int:
     if policy is None:
         return 2
     if args.quick:
-        args.phase_seconds, args.max_tokens = min(args.phase_seconds, 4.0), min(args.max_tokens, 16)
-    phases = _phases(args)
+        args.phase_seconds, args.max_tokens = min(args.phase_seconds, 2.0), min(args.max_tokens, 16)
+        args.repetitions = min(args.repetitions, 2)
     models = load_models("governor-moe", device=torch.device("cpu"), dtype=torch.float32)
-    names = QUICK_STATIC if args.quick else tuple(STATIC)
-    arms = []
-    for name in (*names, CONTROLLER):
-        report.progress(f"[{len(arms) + 1}/{len(names) + 1}] {name}: {len(phases)} phases of {args.phase_seconds:g} s")
-        arms.append(_run_arm(name, models, phases, policy))
-    data = _report(arms, phases, policy, args)
-    verdicts = [f"target {target['name']}: {target['value']:.3f} vs {target['target']:.2f} -> "
-                f"{'met' if target['met'] else 'NOT met'}" for target in data["targets"].values()]
-    report.write_results(args.out, "controller", data, _figure(arms, phases, policy),
+    specs = phases(models.tokenizer, args.phase_seconds, args.max_tokens)
+    names = [*(QUICK_STATIC if args.quick else STATIC), CONTROLLER]
+    repetitions = []
+    for rep in range(args.repetitions):
+        order = names[rep % len(names):] + names[:rep % len(names)]          # a Latin square over the runs
+        arms = {}
+        for position, name in enumerate(order):
+            report.progress(f"repetition {rep + 1}/{args.repetitions}, arm {position + 1}/{len(order)}: {name}")
+            arms[name] = _run_arm(name, models, specs, policy)
+        repetitions.append({"order": order, "arms": arms})
+    data = _report(repetitions, specs, policy, args)
+    verdicts = [f"{key}: {s['mean']:.3f} (95% CI {s['ci95'][0]:.3f}-{s['ci95'][1]:.3f}) vs {TARGETS[key]:.2f} -> "
+                f"{'met' if s['mean'] >= TARGETS[key] else 'NOT met'}" for key, s in data["summary"].items()
+                if key in TARGETS]
+    first = repetitions[0]["arms"]
+    report.write_results(args.out, "controller", data, figure(first, specs, policy, CONTROLLER),
                          "\n".join([_table(data), *verdicts]))
     return 0
 
 
-def _phases(args: argparse.Namespace) -> list[Phase]:
-    common = {"duration_s": args.phase_seconds, "max_tokens": args.max_tokens, "arrival": "poisson"}
-    return [Phase(name="code-greedy", qps=args.qps, prompts="code", temperature=0.0, **common),
-            Phase(name=LOW_ACCEPTANCE_PHASE, qps=args.prose_qps, prompts="prose",
-                  temperature=args.prose_temperature, **common),
-            Phase(name="code-shifted-qps", qps=args.shifted_qps, prompts="code", temperature=0.0, **common)]
-
-
-# -- running one arm ---------------------------------------------------------------------------------------------
-
-
-class _RecordingClient(InProcessClient):
-    """The in-process client, noting when each config is applied."""
-
-    def __init__(self, engine, applies: list[dict]):
-        super().__init__(engine)
-        self.applies = applies
-
-    def apply(self, change: EngineConfig | Experiment) -> None:
-        super().apply(change)
-        config = change.candidate if isinstance(change, Experiment) else change
-        label = f"trial {_label(config)}" if isinstance(change, Experiment) else _label(config)
-        self.applies.append({"time": time.time(), "config": label, "version": config.version})
-
-
-def _run_arm(name: str, models, phases: list[Phase], policy: Policy) -> Arm:
-    config = STATIC.get(name, EngineConfig())
-    engine = Engine(models.target, models.tokenizer, models.draft, config)
-    service = EngineService(engine)
+def _run_arm(name: str, models, specs, policy: Policy) -> dict:
+    engine = Engine(models.target, models.tokenizer, models.draft, STATIC.get(name, EngineConfig()))
     if name != CONTROLLER:
-        with _serving(service, None) as url:
-            return Arm(name, _load(url, phases))
-    applies: list[dict] = []
-    decided_at: dict[int, float] = {}
+        return {"result": run_closed_loop(engine, specs)}
+    client = RecordingClient(engine)
     with tempfile.TemporaryDirectory() as folder:
-        plane = build_control_plane(_RecordingClient(engine, applies), policy, f"sqlite:///{folder}/bench.db",
-                                    None, policy_name="bench",
-                                    on_decision=lambda id_, action, reason: decided_at.setdefault(id_, time.time()))
+        plane = build_control_plane(client, policy, f"sqlite:///{folder}/bench.db", None, policy_name="bench")
         controller = plane.controller
-        with _serving(service, plane.router) as url:
-            applies.clear()                   # the first-start apply re-labels the same knobs; not a change
-            controller.start()
-            try:
-                result = _load(url, phases)
-            finally:
-                controller.stop()
-        decisions = controller.store.decisions(10_000)
-    for apply in applies:
-        apply["time"] -= result.started_at
-    return Arm(name, result, applies, [_decision(d, decided_at[d["id"]] - result.started_at)
-                                       for d in reversed(decisions)])
+        client.applies.clear()                # the first-start apply re-labels the same knobs; not a change
+        controller.start()
+        try:
+            result = run_closed_loop(engine, specs)
+        finally:
+            controller.stop()
+        decisions = list(reversed(controller.store.decisions(10_000)))
+        checks = [check.__dict__ for check in controller.calibration.checks()]
+    return {"result": result, "applies": client.applies, "decisions": decisions, "checks": checks}
 
 
-def _load(url: str, phases: list[Phase]) -> LoadResult:
-    return asyncio.run(run_phases(url, phases, seed=0, drain_timeout_s=30.0))
+def _figures(arm: dict, specs, policy: Policy) -> dict:
+    result: RunResult = arm["result"]
+    per_phase = goodput(result, specs, policy.slo.ttft_p99_seconds, policy.slo.inter_token_p99_seconds)
+    total = sum(spec.seconds for spec in specs)
+    return {"phases": per_phase, "overall": sum(per_phase[s.name] * s.seconds for s in specs) / total,
+            "requests": len(result.records), "finished": sum(r.finished is not None for r in result.records)}
 
 
-def _serving(service, admin_router):
-    return serving_in_thread(create_app(service, "governor-moe", None, admin_router=admin_router), service)
+def _ratios(figures: dict[str, dict], specs) -> dict:
+    static = [name for name in figures if name != CONTROLLER]
+    total = sum(spec.seconds for spec in specs)
+    oracle_arms = {s.name: max(static, key=lambda n: figures[n]["phases"][s.name]) for s in specs}
+    oracle = sum(figures[oracle_arms[s.name]]["phases"][s.name] * s.seconds for s in specs) / total
+    best_static = max(static, key=lambda n: figures[n]["overall"])
+    ctl = figures[CONTROLLER]
+    low = figures["plain"]["phases"][LOW_ACCEPTANCE_PHASE]
+    return {"oracle_vs_best_static": _ratio(oracle, figures[best_static]["overall"]),
+            "controller_vs_oracle": _ratio(ctl["overall"], oracle),
+            "controller_vs_best_static": _ratio(ctl["overall"], figures[best_static]["overall"]),
+            "low_acceptance_phase_vs_plain": _ratio(ctl["phases"][LOW_ACCEPTANCE_PHASE], low),
+            "oracle_arms": oracle_arms, "oracle_goodput": oracle, "best_static": best_static}
 
 
-def _decision(row: dict, seconds: float) -> dict:
-    return {"time": round(seconds, 2), "action": row["action"], "reason": row["reason"],
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else 0.0
+
+
+def _mean_ci(values: list[float]) -> dict:
+    mean = float(np.mean(values))
+    if len(values) < 2 or np.std(values) == 0:
+        return {"mean": mean, "ci95": [mean, mean], "values": values}
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=mean, scale=stats.sem(values))
+    return {"mean": mean, "ci95": [float(low), float(high)], "values": values}
+
+
+def _calibration(repetitions: list[dict]) -> dict:
+    """Over every trial of every controller run: the calibrated what-if against the switchback measurements."""
+    checks = [c for rep in repetitions for c in rep["arms"][CONTROLLER]["checks"]]
+    trials = [d for rep in repetitions for d in rep["arms"][CONTROLLER]["decisions"] if d["action"] == "trial"]
+    kept = [d for rep in repetitions for d in rep["arms"][CONTROLLER]["decisions"] if d["action"] in KEPT]
+
+    def errors(field: str) -> dict:
+        if not checks:
+            return {"median_abs_error": None, "over_predicted_share": None}
+        return {"median_abs_error": statistics.median(abs(c["measured"] / c[field] - 1) for c in checks),
+                "over_predicted_share": sum(c[field] > c["measured"] for c in checks) / len(checks)}
+    return {"predicted_trials": len(checks), "calibrated": errors("predicted"), "uncalibrated": errors("raw"),
+            "trials_proposed": len(trials), "trials_kept": len(kept),
+            "kept_share": len(kept) / len(trials) if trials else None, "checks": checks}
+
+
+def _report(repetitions: list[dict], specs, policy: Policy, args: argparse.Namespace) -> dict:
+    runs = []
+    for rep in repetitions:
+        figures = {name: _figures(arm, specs, policy) for name, arm in rep["arms"].items()}
+        ctl = rep["arms"][CONTROLLER]
+        runs.append({"order": rep["order"], "arms": figures, "ratios": _ratios(figures, specs),
+                     "controller": {"config_changes": len(ctl["applies"]), "applies": ctl["applies"],
+                                    "decisions": [_decision(d, ctl["result"]) for d in ctl["decisions"]
+                                                  if d["action"] != "no_data"]}})
+    summary = {key: _mean_ci([run["ratios"][key] for run in runs]) for key in TARGETS}
+    return {
+        "benchmark": "controller", "command": report.command("governor bench controller", args),
+        "machine": report.machine(), "policy": args.policy,
+        "phases": [{"name": s.name, "concurrency": s.concurrency, "seconds": s.seconds, "requests_kinds":
+                    sorted({job.kind for job in s.jobs})} for s in specs],
+        "goodput_definition": "output tokens of requests finished in the phase with TTFT <= slo.ttft_p99_seconds "
+                              "and mean inter-token gap <= slo.inter_token_p99_seconds, per second of phase; "
+                              "closed-loop clients",
+        "summary": {**summary, "repetitions": len(runs)},
+        "targets": {key: {"target": value, "met": summary[key]["mean"] >= value} for key, value in TARGETS.items()},
+        "calibration": _calibration(repetitions),
+        "repetitions": runs,
+    }
+
+
+def _decision(row: dict, result: RunResult) -> dict:
+    """A decision, placed in seconds into the run (the store's timestamps are UTC)."""
+    at = dt.datetime.fromisoformat(str(row["at"]).replace("Z", "+00:00"))
+    at = at if at.tzinfo else at.replace(tzinfo=dt.timezone.utc)
+    return {"seconds": round(at.timestamp() - result.started_at, 2), "action": row["action"], "reason": row["reason"],
             "predicted_gain": row["predicted_gain"], "measured_gain": row["measured_gain"],
             "config_version": row["config_version"]}
 
 
-def _label(config: EngineConfig) -> str:
-    return "plain" if config.speculative_len == 0 else f"{config.spec_method} k={config.draft_len}"
-
-
-# -- figures -----------------------------------------------------------------------------------------------------
-
-
-def _good(record, policy: Policy) -> bool:
-    """Met the SLO: completed, TTFT within bound, mean inter-token gap within bound."""
-    if not record.ok or record.ttft_s is None:
-        return False
-    gaps = record.itl_s
-    return record.ttft_s <= policy.slo.ttft_p99_seconds and (
-        not gaps or float(np.mean(gaps)) <= policy.slo.inter_token_p99_seconds)
-
-
-def _phase_figures(arm: Arm, phase: Phase, policy: Policy) -> dict:
-    records = [r for r in arm.result.records if r.phase == phase.name]
-    summary = next(s for s in arm.result.phases if s.name == phase.name)
-    good = sum(r.output_tokens for r in records if _good(r, policy))
-    return {"goodput_tokens_per_s": good / phase.duration_s, "tokens_per_s": summary.tokens_per_s,
-            "requests": summary.requests, "completed": summary.completed,
-            "slo_met": sum(_good(r, policy) for r in records),
-            "ttft_p99_s": summary.ttft_s and summary.ttft_s["p99"], "itl_p99_s": summary.itl_s and summary.itl_s["p99"]}
-
-
-def _overall(arm: Arm, phases: list[Phase], policy: Policy) -> dict:
-    ok = [r for r in arm.result.records if r.ok]
-    good = sum(r.output_tokens for r in arm.result.records if _good(r, policy))
-    itl = [g for r in ok for g in r.itl_s]
-    ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
-    return {"goodput_tokens_per_s": good / sum(p.duration_s for p in phases),
-            "itl_p99_s": float(np.percentile(itl, 99)) if itl else None,
-            "ttft_p99_s": float(np.percentile(ttft, 99)) if ttft else None}
-
-
-def _retune_seconds(arm: Arm, phases: list[Phase]) -> list[dict]:
-    """Per phase: seconds from its start to the controller's first kept change (keep, fallback or re-enable)."""
-    out, start = [], 0.0
-    for phase in phases:
-        end = start + phase.duration_s
-        kept = [d for d in arm.decisions if d["action"] in KEPT and start <= d["time"] < end]
-        served = [a["config"] for a in arm.applies if a["time"] < end]
-        out.append({"phase": phase.name, "seconds": round(kept[0]["time"] - start, 2) if kept else None,
-                    "kept_changes": len(kept), "config_at_end": served[-1] if served else "initial"})
-        start = end
-    return out
-
-
-def _report(arms: list[Arm], phases: list[Phase], policy: Policy, args: argparse.Namespace) -> dict:
-    per_arm = {arm.name: {"phases": {p.name: _phase_figures(arm, p, policy) for p in phases},
-                          "overall": _overall(arm, phases, policy)} for arm in arms}
-    static = [a.name for a in arms if a.name != CONTROLLER]
-    oracle_phases = {}
-    for phase in phases:
-        best = max(static, key=lambda n: per_arm[n]["phases"][phase.name]["goodput_tokens_per_s"])
-        oracle_phases[phase.name] = {"arm": best, **per_arm[best]["phases"][phase.name]}
-    oracle_goodput = sum(oracle_phases[p.name]["goodput_tokens_per_s"] * p.duration_s for p in phases) / sum(
-        p.duration_s for p in phases)
-    best_static = max(static, key=lambda n: per_arm[n]["overall"]["goodput_tokens_per_s"])
-    ctl = per_arm[CONTROLLER]
-    controller_arm = next(a for a in arms if a.name == CONTROLLER)
-    plain_low = per_arm["plain"]["phases"][LOW_ACCEPTANCE_PHASE]["goodput_tokens_per_s"]
-
-    def ratio(a: float, b: float) -> float:
-        return a / b if b > 0 else 0.0
-    values = {"oracle_ratio": ratio(ctl["overall"]["goodput_tokens_per_s"], oracle_goodput),
-              "best_static_ratio": ratio(ctl["overall"]["goodput_tokens_per_s"],
-                                         per_arm[best_static]["overall"]["goodput_tokens_per_s"]),
-              "low_acceptance_vs_plain": ratio(ctl["phases"][LOW_ACCEPTANCE_PHASE]["goodput_tokens_per_s"], plain_low)}
-    names = {"oracle_ratio": "controller / per-phase oracle goodput",
-             "best_static_ratio": f"controller / best single static ({best_static}) goodput",
-             "low_acceptance_vs_plain": f"controller / plain goodput in {LOW_ACCEPTANCE_PHASE}"}
-    return {
-        "benchmark": "controller", "command": report.command("governor bench controller", args),
-        "machine": report.machine(), "policy": args.policy,
-        "phases": [p.model_dump() for p in phases],
-        "goodput_definition": "output tokens of requests with TTFT <= slo.ttft_p99_seconds and mean inter-token "
-                              "gap <= slo.inter_token_p99_seconds, per second of phase",
-        "arms": per_arm,
-        "oracle": {"phases": oracle_phases, "overall_goodput_tokens_per_s": oracle_goodput},
-        "best_static": best_static,
-        "controller": {"config_changes": len(controller_arm.applies), "applies": controller_arm.applies,
-                       "retune": _retune_seconds(controller_arm, phases),
-                       "decisions": [d for d in controller_arm.decisions if d["action"] != "no_data"],
-                       "predicted_vs_measured": [
-                           {k: d[k] for k in ("time", "action", "reason", "predicted_gain", "measured_gain")}
-                           for d in controller_arm.decisions if d["measured_gain"] is not None]},
-        "targets": {key: {"name": names[key], "value": values[key], "target": TARGETS[key],
-                          "met": values[key] >= TARGETS[key]} for key in TARGETS},
-    }
-
-
 def _table(data: dict) -> str:
-    phases = [p["name"] for p in data["phases"]]
+    phase_names = [p["name"] for p in data["phases"]]
     rows = []
-    for name, arm in data["arms"].items():
-        cells = [f"{arm['phases'][p]['goodput_tokens_per_s']:.1f}" for p in phases]
-        itl = arm["overall"]["itl_p99_s"]
-        rows.append([name, *cells, f"{arm['overall']['goodput_tokens_per_s']:.1f}",
-                     "-" if itl is None else f"{itl * 1000:.0f}"])
-    oracle = data["oracle"]
-    rows.append(["oracle", *[f"{oracle['phases'][p]['goodput_tokens_per_s']:.1f} ({oracle['phases'][p]['arm']})"
-                             for p in phases], f"{oracle['overall_goodput_tokens_per_s']:.1f}", "-"])
-    return report.table(["arm", *[f"{p} goodput tok/s" for p in phases], "overall", "p99 ITL ms"], rows)
-
-
-def _figure(arms: list[Arm], phases: list[Phase], policy: Policy):
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(11, 5))
-    axes = figure.subplots()
-    start, total = 0.0, sum(p.duration_s for p in phases)
-    for i, phase in enumerate(phases):
-        axes.axvspan(start, start + phase.duration_s, color=f"C{i}", alpha=0.08)
-        axes.text(start + 0.5, 0.01, phase.name, fontsize=8, va="bottom", transform=axes.get_xaxis_transform())
-        start += phase.duration_s
-    edges = np.arange(0, total + BIN_SECONDS, BIN_SECONDS)
-    for arm in arms:
-        done = [(r.sent_s + r.e2e_s, r.output_tokens) for r in arm.result.records if _good(r, policy)]
-        tokens, _ = np.histogram([t for t, _ in done], bins=edges, weights=[n for _, n in done])
-        style = {"linewidth": 2.5, "color": "black"} if arm.name == CONTROLLER else {"linewidth": 1, "alpha": 0.8}
-        axes.plot(edges[:-1] + BIN_SECONDS / 2, tokens / BIN_SECONDS, label=arm.name, **style)
-    axes.set_ylim(bottom=0)
-    top = axes.get_ylim()[1]
-    for apply in next(a for a in arms if a.name == CONTROLLER).applies:
-        axes.axvline(apply["time"], color="black", linestyle=":", linewidth=0.8)
-        axes.text(apply["time"], top * 0.98, apply["config"], rotation=90, fontsize=6, va="top")
-    axes.set_xlabel("seconds into the run (dotted: the controller applies a config)")
-    axes.set_ylabel("goodput, tokens/s (SLO met)")
-    axes.set_title("governor bench controller: phase-shifting load, controller vs static configs")
-    axes.legend(fontsize=8, loc="upper right")
-    return figure
+    for number, run in enumerate(data["repetitions"], 1):
+        for name, arm in run["arms"].items():
+            rows.append([str(number), name, *[f"{arm['phases'][p]:.1f}" for p in phase_names], f"{arm['overall']:.1f}"])
+        rows.append([str(number), "oracle", *[run["ratios"]["oracle_arms"][p] for p in phase_names],
+                     f"{run['ratios']['oracle_goodput']:.1f}"])
+    return report.table(["rep", "arm", *[f"{p} tok/s" for p in phase_names], "overall"], rows)

@@ -123,13 +123,23 @@ def test_pin_with_the_token_takes_effect_and_appears_in_the_decision_log(page, s
     page.select_option("#pin-method", "draft_model")
     page.fill("#pin-k", "2")
     page.fill("#pin-capacity", "1.5")
+    page.fill("#pin-schedule", "[[4, 2], [2, 1]]")
+    page.click("#pin")
+    expect(page.locator("#action-result")).to_contain_text("Pin refused (400): draft_len_schedule")
+    assert httpx.get(f"{served}/admin/config").json() == before
+    page.fill("#pin-schedule", "[[1, 6], [8, 2]]")
     page.click("#pin")
     expect(page.locator("#action-result")).to_contain_text("Pin: done")
     config = httpx.get(f"{served}/admin/config").json()
     assert (config["draft_len"], config["capacity_factor"]) == (2, 1.5) and config["version"] > before["version"]
+    assert config["draft_len_schedule"] == [[1, 6], [8, 2]]
     expect(page.locator("#decisions tbody tr").first).to_contain_text("pin", timeout=10_000)
     expect(page.locator("#config-version")).to_have_text(f"config v{config['version']}", timeout=10_000)
     expect(page.locator("#history tbody tr").first).to_contain_text("draft_len: 4 → 2")
+    expect(page.locator("#history tbody tr").first).to_contain_text("draft_len_schedule = b≤1: k6, b≤8: k2")
+    expect(page.locator("#config")).to_contain_text("b≤1: k6, b≤8: k2")
+    expect(page.locator("#drafter")).to_have_text("draft model · k by batch: b≤1: k6, b≤8: k2")
+    expect(page.locator("#calibration")).to_contain_text("what-if calibration")
     page.click("#release")
     expect(page.locator("#action-result")).to_contain_text("Release: done")
     expect(page.locator("#decisions tbody tr").first).to_contain_text("release", timeout=10_000)
@@ -155,7 +165,8 @@ def test_policy_switch_and_search_start_stop_from_the_page(page, served, problem
     page.screenshot(path=str(SCREENSHOTS / "dashboard-after-actions.png"), full_page=True)
     refusals = [p for p in problems if p.startswith("Failed to load resource")]   # Chromium logs refused fetches
     assert [p for p in problems if p not in refusals] == []
-    assert [p.rsplit("status of ", 1)[1] for p in refusals] == ["401 (Unauthorized)", "409 (Conflict)"]
+    assert [p.rsplit("status of ", 1)[1] for p in refusals] == ["401 (Unauthorized)", "400 (Bad Request)",
+                                                                "409 (Conflict)"]
 
 
 def test_alerts_show_their_state(page, served):

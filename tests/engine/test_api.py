@@ -101,18 +101,25 @@ def test_config_change_needs_the_admin_token(server):
     assert httpx.get(url).json() == before
 
 
-def test_invalid_config_is_refused_naming_the_field(server):
+@pytest.mark.parametrize(("change", "field"), [
+    ({"draft_len": 99}, "draft_len"),
+    ({"draft_len_schedule": [[4, 2], [2, 1]]}, "draft_len_schedule"),
+    ({"draft_len_schedule": [[1, 2], [8, 17]]}, "draft_len_schedule.1.1"),
+    ({"draft_len_schedule": [[1, 2, 3]]}, "draft_len_schedule.0"),
+])
+def test_invalid_config_is_refused_naming_the_field(server, change, field):
     url = f"{server[0]}/admin/config"
     before = httpx.get(url).json()
-    reply = httpx.put(url, json={**before, "draft_len": 99}, headers={"Authorization": f"Bearer {TOKEN}"})
-    assert reply.status_code == 400 and reply.json()["error"]["param"] == "draft_len"
+    reply = httpx.put(url, json={**before, **change}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == field
     assert httpx.get(url).json() == before
 
 
 def test_config_change_with_the_token_takes_effect(server):
     url = f"{server[0]}/admin/config"
     before = httpx.get(url).json()
-    new = {**before, "version": before["version"] + 1, "spec_method": "ngram", "draft_len": 2}
+    new = {**before, "version": before["version"] + 1, "spec_method": "ngram", "draft_len": 2,
+           "draft_len_schedule": [[1, 6], [16, 2], [1024, 0]]}
     assert httpx.put(url, json=new, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
     openai.OpenAI(base_url=f"{server[0]}/v1", api_key="x").completions.create(
         model="governor-moe", prompt="a = 1\nb = 2\n", max_tokens=4, temperature=0)

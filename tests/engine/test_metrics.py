@@ -89,7 +89,7 @@ def test_config_info_follows_the_config_the_engine_adopts(moe_models):
     metrics = EngineMetrics(MODEL)
     engine = _engine(moe_models, metrics, EngineConfig(draft_len=3))
     labels = {"version": "0", "spec_method": "draft_model", "draft_len": "3", "ngram_min": "1", "ngram_max": "4",
-              "capacity_factor": "0.0", "placement": "None"}
+              "capacity_factor": "0.0", "placement": "None", "draft_len_schedule": "None"}
     assert _value(metrics, "governor_config_info", **labels) == 1
     engine.apply(EngineConfig(version=7, spec_method="ngram", draft_len=2))
     assert _value(metrics, "governor_config_info", **labels) == 1, "a pending config is not live yet"
@@ -97,6 +97,10 @@ def test_config_info_follows_the_config_the_engine_adopts(moe_models):
     assert _value(metrics, "governor_config_info", **labels) == 0
     assert _value(metrics, "governor_config_info", **{**labels, "version": "7", "spec_method": "ngram",
                                                      "draft_len": "2"}) == 1
+    engine.apply(EngineConfig(version=8, draft_len_schedule=((1, 8), (4, 4), (1024, 0))))
+    generate(engine, code_prompts(moe_models.tokenizer, 1, max_bytes=40))
+    assert _value(metrics, "governor_config_info", **{**labels, "version": "8", "draft_len": "4",
+                                                     "draft_len_schedule": "1:8,4:4,1024:0"}) == 1
 
 
 def test_scraping_leaves_the_window_alone(moe_models):

@@ -1,0 +1,138 @@
+"""The workload of `governor bench controller`: phases whose best config differs, served by closed-loop clients.
+
+- copy: edit/summarise-like requests whose answers repeat spans of the prompt (a code snippet given twice, then
+  its start again: the model continues by copying), at concurrency 1; prompt lookup wins here;
+- code: code generation at low concurrency (2); the draft model wins;
+- prose-hot: prose at temperature 1.5 and concurrency 16, where drafts are mostly rejected and verifying them costs a
+  whole batch; plain decoding (or a small k) wins;
+- mixed: all three kinds at concurrency 6.
+
+Closed loop: each phase keeps `concurrency` requests in flight (a finished one is replaced at once), so goodput
+measures the service, not the arrival rate. One thread drives the engine as EngineService does (add, step), so the
+controller's apply and snapshot reach it between steps exactly as in production.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from engine.engine import Engine
+from engine.loadgen import prompt_set
+from seam import SamplingParams
+
+COPY, CODE, PROSE, MIXED = "copy", "code", "prose-hot", "mixed"
+LOW_ACCEPTANCE_PHASE = PROSE
+
+
+@dataclass(frozen=True)
+class Job:
+    kind: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    name: str
+    concurrency: int
+    seconds: float
+    jobs: tuple[Job, ...]
+
+
+@dataclass
+class RequestRecord:
+    phase: str
+    kind: str
+    sent: float                          # seconds since the run started
+    first_token: float | None = None
+    finished: float | None = None
+    tokens: int = 0
+    failed: bool = False
+
+    def good(self, ttft_bound: float, gap_bound: float) -> bool:
+        """Finished and met the SLO: TTFT and mean inter-token gap within their bounds."""
+        if self.finished is None or self.first_token is None or self.failed:
+            return False
+        gap = (self.finished - self.first_token) / (self.tokens - 1) if self.tokens > 1 else 0.0
+        return self.first_token - self.sent <= ttft_bound and gap <= gap_bound
+
+
+@dataclass
+class RunResult:
+    records: list[RequestRecord] = field(default_factory=list)
+    phase_starts: dict[str, float] = field(default_factory=dict)
+    started_at: float = 0.0              # time.time() at the start, to place the controller's decisions
+
+
+def phases(tokenizer, seconds: float, max_tokens: int, seed: int = 0) -> list[PhaseSpec]:
+    greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    hot = SamplingParams(max_tokens=max_tokens, temperature=1.5, ignore_eos=True, seed=seed)
+    snippets = [p.text for p in prompt_set("code", 12, seed=seed + 1, max_bytes=160)]
+    copy = tuple(Job(COPY, tuple(tokenizer.encode(_copy_prompt(text))), greedy) for text in snippets)
+    code = tuple(Job(CODE, tuple(tokenizer.encode(p.text)), greedy)
+                 for p in prompt_set("code", 12, seed=seed + 2, max_bytes=200))
+    prose = tuple(Job(PROSE, tuple(tokenizer.encode(p.text)), hot)
+                  for p in prompt_set("prose", 24, seed=seed + 3, max_bytes=200))
+    mixed = tuple(job for trio in zip(copy, code, prose) for job in trio)
+    return [PhaseSpec(COPY, 1, seconds, copy), PhaseSpec(CODE, 2, seconds, code),
+            PhaseSpec(PROSE, 16, seconds, prose), PhaseSpec(MIXED, 6, seconds, mixed)]
+
+
+def _copy_prompt(snippet: str) -> str:
+    """The snippet twice and the start of a third copy: the answer repeats the prompt."""
+    return f"{snippet}\n\n{snippet}\n\n{snippet[:len(snippet) // 3]}"
+
+
+def run_closed_loop(engine: Engine, specs: list[PhaseSpec]) -> RunResult:
+    """Serve each phase for its seconds with its concurrency; requests in flight at a phase's end finish in the
+    next phase (counted there), as they would in production; those in flight at the end are aborted."""
+    result = RunResult(started_at=time.time())
+    start = time.perf_counter()
+    in_flight: dict[str, RequestRecord] = {}
+    ids = itertools.count()
+    for spec in specs:
+        result.phase_starts[spec.name] = time.perf_counter() - start
+        jobs = itertools.cycle(spec.jobs)
+        deadline = time.perf_counter() + spec.seconds
+        while time.perf_counter() < deadline:
+            while sum(r.phase == spec.name for r in in_flight.values()) < spec.concurrency:
+                job = next(jobs)
+                request_id = f"r{next(ids)}"
+                engine.add_request(request_id, list(job.prompt_ids), job.params)
+                record = RequestRecord(spec.name, job.kind, time.perf_counter() - start)
+                in_flight[request_id] = record
+                result.records.append(record)
+            _step(engine, in_flight, start)
+    for request_id in list(in_flight):        # finishing after the last phase, they would count nowhere
+        engine.abort(request_id)
+    return result
+
+
+def _step(engine: Engine, in_flight: dict[str, RequestRecord], start: float) -> None:
+    emissions = engine.step()
+    now = time.perf_counter() - start
+    for emission in emissions:
+        record = in_flight.get(emission.request_id)
+        if record is None:
+            continue
+        if emission.token_ids and record.first_token is None:
+            record.first_token = now
+        record.tokens = emission.output_tokens
+        if emission.failure is not None:
+            record.failed = True
+        if emission.finish_reason is not None:
+            record.finished = now
+            del in_flight[emission.request_id]
+
+
+def goodput(result: RunResult, specs: list[PhaseSpec], ttft_bound: float, gap_bound: float) -> dict[str, float]:
+    """Per phase: output tokens of SLO-meeting requests that finished during it, per second of the phase."""
+    out = {}
+    for spec in specs:
+        begin = result.phase_starts[spec.name]
+        end = begin + spec.seconds
+        tokens = sum(r.tokens for r in result.records
+                     if r.good(ttft_bound, gap_bound) and begin <= r.finished < end)
+        out[spec.name] = tokens / spec.seconds
+    return out

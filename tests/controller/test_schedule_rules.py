@@ -1,0 +1,122 @@
+"""The controller learns k per batch band and the drafter, on calibrated predictions: schedule arithmetic, the
+calibration's correction of an optimistic model, and the rules' proposals from the engine's own Window type."""
+import math
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from controller.calibration import Calibration
+from controller.counters import PrometheusCounters
+from controller.rule_policy import RulePolicy
+from controller.schedule import band_batch_sizes, learned, with_bands
+from policies import parse_policy
+from seam import EngineConfig, LatencySummary, Window
+
+EMPTY = LatencySummary.of([])
+QUIET = parse_policy({"speculation": {"reprobe_windows": 1000}})
+
+
+def test_bands_tile_the_batch_sizes():
+    edges = [band_batch_sizes(band) for band in range(8)]
+    assert edges[0] == (1, 1) and edges[1] == (2, 2) and edges[2] == (3, 5)
+    assert all(high + 1 == low for (_, high), (low, _) in zip(edges, edges[1:]))
+
+
+def test_a_band_changes_only_its_batch_sizes_and_one_k_everywhere_is_draft_len():
+    banded = with_bands(EngineConfig(draft_len=4), {2: 6})
+    assert banded.draft_len_schedule == ((2, 4), (5, 6), (6, 4))
+    assert [banded.draft_len_for(b) for b in (1, 2, 3, 5, 6, 100)] == [4, 4, 6, 6, 4, 4]
+    assert with_bands(banded, {2: 4}) == EngineConfig(draft_len=4)
+
+
+def test_learning_a_band_keeps_the_bands_already_learned():
+    config = EngineConfig(draft_len=4)
+    first = learned(config, 0, 8, measured_bands={0})                 # only batch 1 measured: a guess elsewhere
+    assert first == EngineConfig(draft_len=8)
+    second = learned(first, 4, 2, measured_bands={0, 4})              # batch ~16 measured next
+    assert [second.draft_len_for(b) for b in (1, 2, 11, 12, 22, 23, 5000)] == [8, 2, 2, 2, 2, 2, 2]
+    third = learned(second, 2, 5, measured_bands={0, 2, 4})
+    assert [third.draft_len_for(b) for b in (1, 2, 3, 5, 6, 11, 12, 22, 5000)] == [8, 5, 5, 5, 5, 5, 2, 2, 5]
+
+
+def test_calibration_learns_the_models_bias_and_reports_it():
+    calibration = Calibration()
+    assert 1.0 < calibration.corrected("draft_len", 1.2) < 1.2            # the prior already shrinks toward 1
+    for _ in range(10):
+        raw = 1.2
+        calibration.record("draft_len", raw, calibration.corrected("draft_len", raw), measured=0.9)
+    assert calibration.corrected("draft_len", 1.2) < 1.0                  # measured 0.9 for 1.2 predicted, 10 times
+    assert calibration.corrected("spec_method", 1.2) == pytest.approx(math.sqrt(1.2))   # another kind: prior only
+    summary = calibration.summary()
+    assert summary["trials"] == 10 and summary["raw_over_predicted_share"] == 1.0
+    assert summary["raw_median_abs_error"] == pytest.approx(0.25)
+    assert summary["median_abs_error"] < summary["raw_median_abs_error"]
+    registry = CollectorRegistry()
+    PrometheusCounters(registry, "m").calibration(summary)
+    scrape = generate_latest(registry).decode()
+    assert 'governor_controller_calibration{figure="raw_over_predicted_share",model="m"} 1.0' in scrape
+    assert 'governor_controller_calibration{figure="trials",model="m"} 10.0' in scrape
+
+
+def _window(method: str, k: int, batch: float, seconds_per_step: float, accepted: float) -> Window:
+    """A window of 100 steps at k; a step costs seconds_per_step at k = 0, and 15% more per draft position and
+    sequence past the first (verification grows with the batch)."""
+    steps = 100
+    seconds_per_step *= 1 + 0.15 * k * batch
+    drafted = [steps * round(batch)] * k
+    kept = [round(d * accepted ** (j + 1)) for j, d in enumerate(drafted)]
+    return Window(
+        start=0.0, end=1.0, config_version=1, spec_method=method, draft_len=k, steps=steps, num_drafts=drafted[0],
+        drafted_tokens=sum(drafted), accepted_tokens=sum(kept), drafted_per_position=drafted,
+        accepted_per_position=kept, emitted_tokens=round(steps * batch * (1 + sum(kept) / max(drafted[0], 1))),
+        prefill_tokens=0, finished_requests=5, target_forward_seconds=steps * seconds_per_step * 0.8,
+        draft_forward_seconds=steps * seconds_per_step * 0.1 * (k > 0), step_seconds=steps * seconds_per_step,
+        ttft_seconds=EMPTY, inter_token_seconds=EMPTY, e2e_seconds=EMPTY, batch_size_mean=batch,
+        batch_size_max=round(batch), queue_depth_mean=0.0, queue_depth_max=0, expert_tokens=None)
+
+
+def test_a_k_change_the_calibrated_model_no_longer_believes_is_not_proposed():
+    current = EngineConfig(spec_method="draft_model", draft_len=2)
+    optimistic = RulePolicy(QUIET)
+    for k in (2, 4):
+        optimistic.observe(_window("draft_model", k, batch=1, seconds_per_step=0.01, accepted=0.9))
+    proposal = optimistic.propose(current, _window("draft_model", 2, 1, 0.01, 0.9), 1)
+    assert proposal.kind == "draft_len" and proposal.config.draft_len > 2
+    assert 1.0 < proposal.predicted_gain < proposal.raw_gain
+
+    burned = Calibration()
+    for _ in range(5):
+        burned.record("draft_len", proposal.raw_gain, proposal.predicted_gain, measured=0.95)
+    humbled = RulePolicy(QUIET, calibration=burned)
+    for k in (2, 4):
+        humbled.observe(_window("draft_model", k, batch=1, seconds_per_step=0.01, accepted=0.9))
+    assert humbled.propose(current, _window("draft_model", 2, 1, 0.01, 0.9), 1) is None
+
+
+def test_the_drafter_that_wins_is_proposed_and_one_never_measured_is_tried():
+    current = EngineConfig(spec_method="draft_model", draft_len=4)
+    policy = parse_policy({"speculation": {"reprobe_windows": 3, "k_max": 4}})
+    rules = RulePolicy(policy)
+    rules.state.last_mode_probe = 10**6                                  # no on/off probe in this test
+    rules.observe(_window("draft_model", 4, batch=1, seconds_per_step=0.02, accepted=0.9))
+    tried = rules.propose(current, _window("draft_model", 4, 1, 0.02, 0.9), 3)
+    assert tried.kind == "spec_method" and tried.config.spec_method == "ngram" and tried.predicted_gain is None
+    # prompt lookup measured: drafts cost nothing and it accepts as well, so its model predicts a gain
+    rules.observe(_window("ngram", 4, batch=1, seconds_per_step=0.012, accepted=0.9))
+    switch = rules.propose(current, _window("draft_model", 4, 1, 0.02, 0.9), 4)
+    assert switch.kind == "spec_method" and switch.config.spec_method == "ngram"
+    assert switch.predicted_gain >= policy.trial.min_predicted_gain and "calibrated" in switch.reason
+    rules.finished(switch, "failed", None, 4)                            # e.g. an engine without that drafter
+    assert "ngram" in rules.state.unavailable
+
+
+def test_k_for_the_band_the_load_is_in_leaves_the_learned_band_alone():
+    rules = RulePolicy(QUIET)
+    for k in (2, 4):
+        rules.observe(_window("draft_model", k, batch=1, seconds_per_step=0.01, accepted=0.9))
+        rules.observe(_window("draft_model", k, batch=16, seconds_per_step=0.05, accepted=0.3))
+    current = learned(EngineConfig(draft_len=2), 0, 6, measured_bands={0})   # batch 1 learned: k 6
+    assert current == EngineConfig(draft_len=6)
+    proposal = rules.propose(current, _window("draft_model", 6, 16, 0.05, 0.3), 1)
+    assert proposal.kind == "draft_len" and "batch band 4" in proposal.reason
+    assert proposal.config.draft_len_for(1) == 6 and proposal.config.draft_len_for(16) < 6
