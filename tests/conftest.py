@@ -6,6 +6,11 @@ import torch
 from governor.loaders import load_models
 from tests.postgres import PostgresServer, postgres_bindir
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one worker per core: a torch thread pool each would oversubscribe the cores, and OpenMP's
+    # spinning threads then slow every test of both workers several-fold
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def moe_models():

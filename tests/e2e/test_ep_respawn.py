@@ -24,13 +24,20 @@ MAX_TOKENS = 12
 def _worker_pid(server_pid: int) -> int:
     """The spawned rank: a child of the server (of any of its threads) started by multiprocessing's spawn, not its
     resource tracker."""
-    children = [pid for task in Path(f"/proc/{server_pid}/task").iterdir()
-                for pid in (task / "children").read_text().split()]
+    children = [pid for task in Path(f"/proc/{server_pid}/task").iterdir() for pid in _children(task)]
     for child in children:
         cmdline = Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")
         if "spawn_main" in cmdline:
             return int(child)
     raise AssertionError(f"no expert-parallel worker among the children of {server_pid}")
+
+
+def _children(task: Path) -> list[str]:
+    """A thread's child pids; none if the thread ended while we looked."""
+    try:
+        return (task / "children").read_text().split()
+    except FileNotFoundError:
+        return []
 
 
 def _single_process_text() -> str:
