@@ -8,13 +8,13 @@ import numpy as np
 
 from controller.calibration import Calibration
 from controller.goodput import GoodputModel, batch_band
-from controller.schedule import learned, schedule_text
+from controller.schedule import learned, schedule_text, with_schedule
 from controller.strategy import Proposal
 from controller.window_stats import tokens_per_busy_second
 from engine.placement import Topology, balancedness, tokens_per_device
 from engine.planner import plan_placement
 from policies import Policy
-from seam import EngineConfig, Window
+from seam import DraftLenSchedule, EngineConfig, Window
 
 DRAFTERS = ("draft_model", "ngram")
 
@@ -28,6 +28,7 @@ class RuleState:
     rejected: dict[tuple, int] = field(default_factory=dict)   # (kind, value) -> window index it was reverted
     last_placement: int | None = None
     spec_method: str = "draft_model"                     # the method to re-enable speculation with
+    k_schedule: DraftLenSchedule | None = None           # ... and the k by batch size it last ran with
     unavailable: set[str] = field(default_factory=set)   # drafters the engine refused (e.g. no draft model)
 
 
@@ -61,6 +62,8 @@ class RulePolicy:
     def propose(self, current: EngineConfig, baseline: Window, window_index: int) -> Proposal | None:
         if current.spec_method != "off":
             self.state.spec_method = current.spec_method
+        if current.speculative_len > 0:
+            self.state.k_schedule = current.k_schedule
         for rule in (self._mode_probe, self._draft_len, self._drafter, self._capacity_factor, self._placement):
             proposal = rule(current, baseline, window_index)
             if proposal is not None and not self._recently_rejected(proposal, window_index):
@@ -82,11 +85,13 @@ class RulePolicy:
             return Proposal(current.changed(spec_method="off"), "fallback_probe",
                             f"probe plain decoding: speculation stays only while it beats it by {spec.min_gain}x",
                             keep_gain=1 / spec.min_gain, inputs=self._inputs(current, baseline))
-        model, k, band = self._model(self.state.spec_method), current.draft_len or 1, _band(baseline)
+        model, band = self._model(self.state.spec_method), _band(baseline)
+        schedule = self.state.k_schedule or ((1, current.draft_len or EngineConfig().draft_len),)
+        candidate = with_schedule(current.changed(spec_method=self.state.spec_method), schedule)
         if model.ready(band):
-            k = model.best(self._reachable(model, band), band).k
+            candidate = learned(candidate, band, model.best(self._reachable(model, band), band).k,
+                                model.measured_bands())
         threshold = spec.min_gain + spec.hysteresis
-        candidate = learned(current.changed(spec_method=self.state.spec_method), band, k, model.measured_bands())
         return Proposal(candidate, "speculation_probe", f"probe speculation at {schedule_text(candidate)}: re-enabled "
                         f"only if it beats plain decoding by {threshold:.3f}x (min_gain + hysteresis)",
                         keep_gain=threshold, inputs=self._inputs(current, baseline))

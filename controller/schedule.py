@@ -33,6 +33,11 @@ def with_bands(config: EngineConfig, ks: dict[int, int]) -> EngineConfig:
     schedule = config.k_schedule
     for band, k in sorted(ks.items()):
         schedule = _with_band(schedule, band, k)
+    return with_schedule(config, schedule)
+
+
+def with_schedule(config: EngineConfig, schedule: DraftLenSchedule) -> EngineConfig:
+    """config drafting by schedule; a schedule of one band is draft_len."""
     if len(schedule) == 1:
         return config.changed(draft_len=schedule[0][1], draft_len_schedule=None)
     return config.changed(draft_len_schedule=schedule)

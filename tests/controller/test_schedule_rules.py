@@ -120,3 +120,14 @@ def test_k_for_the_band_the_load_is_in_leaves_the_learned_band_alone():
     proposal = rules.propose(current, _window("draft_model", 6, 16, 0.05, 0.3), 1)
     assert proposal.kind == "draft_len" and "batch band 4" in proposal.reason
     assert proposal.config.draft_len_for(1) == 6 and proposal.config.draft_len_for(16) < 6
+
+
+def test_a_speculation_probe_after_a_pin_restores_the_schedule_speculation_last_ran_with():
+    rules = RulePolicy(QUIET)
+    speculative = EngineConfig(spec_method="draft_model", draft_len_schedule=((1, 6), (1024, 3)))
+    assert rules.propose(speculative, _window("draft_model", 6, 1, 0.01, 0.9), 1) is None
+    plain = EngineConfig(spec_method="off", draft_len=0)      # an operator's pin turned speculation off
+    rules.released(plain)
+    probe = rules.propose(plain, _window("draft_model", 1, 1, 0.01, 0.9), 2)
+    assert probe.kind == "speculation_probe"
+    assert probe.config.spec_method == "draft_model" and probe.config.k_schedule == speculative.k_schedule
