@@ -85,12 +85,13 @@ class RulePolicy:
             return Proposal(current.changed(spec_method="off"), "fallback_probe",
                             f"probe plain decoding: speculation stays only while it beats it by {spec.min_gain}x",
                             keep_gain=1 / spec.min_gain, inputs=self._inputs(current, baseline))
-        model, band = self._model(self.state.spec_method), _band(baseline)
-        schedule = self.state.k_schedule or ((1, current.draft_len or EngineConfig().draft_len),)
+        schedule = self.state.k_schedule      # what speculation last ran with: judged, unlike the model's best
+        if schedule is None:
+            model, band = self._model(self.state.spec_method), _band(baseline)
+            k = model.best(self._reachable(model, band), band).k if model.ready(band) else \
+                current.draft_len or EngineConfig().draft_len
+            schedule = ((1, k),)
         candidate = with_schedule(current.changed(spec_method=self.state.spec_method), schedule)
-        if model.ready(band):
-            candidate = learned(candidate, band, model.best(self._reachable(model, band), band).k,
-                                model.measured_bands())
         threshold = spec.min_gain + spec.hysteresis
         return Proposal(candidate, "speculation_probe", f"probe speculation at {schedule_text(candidate)}: re-enabled "
                         f"only if it beats plain decoding by {threshold:.3f}x (min_gain + hysteresis)",
