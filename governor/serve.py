@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import sys
 import threading
 
@@ -156,6 +157,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # an open dashboard holds an endless event stream: cut it after a short grace instead of waiting for the tab
     server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                                            timeout_graceful_shutdown=3, limit_concurrency=settings.max_connections))
+    gc.freeze()     # the models and modules loaded so far live forever: full collections need not scan them again
     with contextlib.suppress(KeyboardInterrupt):    # uvicorn re-raises the Ctrl-C it shut down on, as uvicorn.run
         server.run()
     if not server.started:
