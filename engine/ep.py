@@ -38,7 +38,8 @@ class ExpertParallelError(RuntimeError):
 
 
 class GroupExchange:
-    """Pair rows between the ranks of the default process group; times every collective it runs."""
+    """Pair rows between the ranks of the default process group; times the collectives of forwards (weight moves
+    are timed by the replacement that asks for them)."""
 
     def __init__(self, rank: int, world: int, device: torch.device):
         self.rank, self.world, self.device = rank, world, device
@@ -59,7 +60,7 @@ class GroupExchange:
         return torch.cat([part[:size] for part, size in zip(parts, shard_sizes)])
 
     def move(self, sends: list[tuple[torch.Tensor, int, int]], receives: list[tuple[torch.Tensor, int, int]]) -> None:
-        with self._collective("expert weight transfer"):
+        with self._collective("expert weight transfer", timed=False):
             pending = [dist.isend(tensor.contiguous(), peer, tag=tag) for tensor, peer, tag in sends]
             pending += [dist.irecv(tensor, peer, tag=tag) for tensor, peer, tag in receives]
             for request in pending:
@@ -70,8 +71,8 @@ class GroupExchange:
         return seconds
 
     @contextlib.contextmanager
-    def _collective(self, name: str):
-        """Time the exchange; a dead or silent peer becomes an ExpertParallelError."""
+    def _collective(self, name: str, timed: bool = True):
+        """Time the exchange (when timed); a dead or silent peer becomes an ExpertParallelError."""
         started = time.perf_counter()
         try:
             yield
@@ -80,7 +81,8 @@ class GroupExchange:
         except RuntimeError as error:
             raise ExpertParallelError(f"rank {self.rank}: {name} failed (a peer rank died or timed out): "
                                       f"{error}") from error
-        self._seconds += time.perf_counter() - started
+        if timed:
+            self._seconds += time.perf_counter() - started
 
 
 class ExpertParallel:
