@@ -3,16 +3,22 @@ block's steps that ran no prefill: a prefill costs the same under either config,
 that block's tokens per busy second several-fold).
 
 Blocks 2j and 2j + 1 of an Experiment ran back to back, one under each arm (ABBA order), so they saw the same
-traffic; their log ratio (candidate over incumbent) cancels drift. The test is the Wilcoxon signed-rank test of
-those paired log ratios (scipy.stats.wilcoxon: robust to the odd block that a long prefill slowed down), with the
-Hodges-Lehmann estimate of the ratio and the interval of ratios the test does not reject. Three outcomes:
+traffic; their log ratio (candidate over incumbent) cancels drift. What drift leaves between two adjacent blocks is
+mostly a difference in batch size (a sequence joining or finishing), and throughput grows with batch size, so each
+log ratio is adjusted by the Theil-Sen slope (scipy.stats.theilslopes) of the log ratios on the pairs' log batch-size
+ratios: under identical arms that covariate is symmetric about zero, so the adjustment removes noise, not effect.
+The test is the Wilcoxon signed-rank test of the adjusted log ratios (scipy.stats.wilcoxon: robust to the odd block
+that a long prefill slowed down), with the Hodges-Lehmann estimate of the ratio and the interval of ratios the test
+does not reject. Three outcomes:
 - better: the interval's lower bound clears keep_gain (keep the candidate);
 - worse: its upper bound is below keep_gain (the candidate cannot clear the bar: revert);
 - no_difference: the interval lies within keep_gain x [1 / (1 + margin), 1 + margin] (stop, keep the incumbent);
 otherwise the trial goes on, up to max_blocks, and then ends inconclusive (keep the incumbent).
-Looks happen every min_samples pairs; with K = max_blocks // (2 * min_samples) planned looks, each look uses
-confidence 1 - (1 - confidence) / K (Bonferroni), so stopping at the first decisive look keeps the error rate
-within 1 - confidence however many looks are taken.
+Looks happen every min_samples pairs, K = max_blocks // (2 * min_samples) of them planned. Look k spends
+(1 - confidence) x k / (1 + 2 + ... + K) of the error rate, and the last look (max_blocks reached, or look K) spends
+whatever the earlier looks left: the shares sum to 1 - confidence, so (by Bonferroni) stopping at the first decisive
+look keeps the error rate within it however the trial ends, and the later looks, which have the most pairs, get the
+larger shares.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from seam import Block
 
 BETTER, WORSE, NO_DIFFERENCE, INCONCLUSIVE = "better", "worse", "no_difference", "inconclusive"
 EXACT_UP_TO = 25      # pairs up to which the signed-rank test uses its exact null distribution
+MIN_PAIRS_TO_ADJUST = 8   # fewer pairs than this are not adjusted for batch size: a slope from them is mostly noise
 
 
 @dataclass(frozen=True)
@@ -40,15 +47,30 @@ class Comparison:
     p_value: float
 
 
-def compare(incumbent: Iterable[float], candidate: Iterable[float], confidence: float) -> Comparison | None:
-    """Paired comparison of per-block samples (pair i = incumbent[i], candidate[i]) by the Wilcoxon signed-rank test
-    on log ratios; the interval is the set of ratios that test does not reject (each side at (1 - confidence) / 2).
-    None if it cannot be tested (fewer than 2 pairs, a sample <= 0, or every pair with the same ratio)."""
+def log_ratios(incumbent: Iterable[float], candidate: Iterable[float], incumbent_batch: Iterable[float | None] = (),
+               candidate_batch: Iterable[float | None] = ()) -> tuple[np.ndarray, float] | None:
+    """Per pair log(candidate / incumbent), adjusted for the pairs' batch sizes when every pair has them, and the
+    slope the adjustment used (0.0 when not adjusted). None if a sample is <= 0."""
     incumbent, candidate = np.asarray(list(incumbent), float), np.asarray(list(candidate), float)
-    if len(incumbent) < 2 or (incumbent <= 0).any() or (candidate <= 0).any():
+    if (incumbent <= 0).any() or (candidate <= 0).any():
         return None
-    log_ratios = np.log(candidate) - np.log(incumbent)
-    if np.ptp(log_ratios) == 0:
+    ratios = np.log(candidate) - np.log(incumbent)
+    batches = list(zip(incumbent_batch, candidate_batch))
+    if len(batches) != len(ratios) or len(ratios) < MIN_PAIRS_TO_ADJUST or any(None in pair for pair in batches):
+        return ratios, 0.0
+    covariate = np.log([c / i for i, c in batches])
+    if np.ptp(covariate) == 0:
+        return ratios, 0.0
+    slope = float(stats.theilslopes(ratios, covariate).slope)
+    return ratios - slope * covariate, slope
+
+
+def compare(log_ratios: np.ndarray, confidence: float) -> Comparison | None:
+    """Paired comparison by the Wilcoxon signed-rank test of the pairs' log(candidate / incumbent); the interval is the
+    set of ratios that test does not reject (each side at (1 - confidence) / 2). None if it cannot be tested (fewer
+    than 2 pairs, or every pair with the same ratio)."""
+    log_ratios = np.asarray(log_ratios, float)
+    if len(log_ratios) < 2 or np.ptp(log_ratios) == 0:
         return None
     walsh = np.add.outer(log_ratios, log_ratios)[np.triu_indices(len(log_ratios))] / 2
     alpha = (1 - confidence) / 2
@@ -82,16 +104,15 @@ def _p(differences: np.ndarray, alternative: str) -> float:
     return float(stats.wilcoxon(differences, alternative=alternative, method="exact" if exact else "approx").pvalue)
 
 
-def classify(incumbent: Iterable[float], candidate: Iterable[float], confidence: float, keep_gain: float,
-             margin: float) -> str | None:
+def classify(log_ratios: np.ndarray, confidence: float, keep_gain: float, margin: float) -> str | None:
     """The outcome the signed-rank test decides at this confidence, or None if it decides nothing yet: better if
     "ratio <= keep_gain" is rejected, worse if "ratio >= keep_gain" is, no difference if both "ratio <= keep_gain /
     (1 + margin)" and "ratio >= keep_gain x (1 + margin)" are (two one-sided tests). The same as asking where
     compare()'s interval lies, without computing it."""
-    incumbent, candidate = np.asarray(list(incumbent), float), np.asarray(list(candidate), float)
-    if len(incumbent) < 2 or (incumbent <= 0).any() or (candidate <= 0).any():
+    log_ratios = np.asarray(log_ratios, float)
+    if len(log_ratios) < 2:
         return None
-    log_ratios, alpha, bar = np.log(candidate) - np.log(incumbent), (1 - confidence) / 2, math.log(keep_gain)
+    alpha, bar = (1 - confidence) / 2, math.log(keep_gain)
     if _p(log_ratios - bar, "greater") < alpha:
         return BETTER
     if _p(log_ratios - bar, "less") < alpha:
@@ -114,6 +135,7 @@ class Verdict:
     look_confidence: float
     keep_gain: float
     comparison: Comparison | None = None
+    batch_slope: float = 0.0
     samples: dict = field(default_factory=dict)
 
     @property
@@ -127,7 +149,8 @@ class Verdict:
             "effect": round(self.comparison.effect, 4), "interval": [round(self.comparison.low, 4),
                                                                      round(self.comparison.high, 4)],
             "p_value": self.comparison.p_value}
-        out["test"] = ("Wilcoxon signed-rank test of paired log(candidate / incumbent) block ratios "
+        out["test"] = ("Wilcoxon signed-rank test of paired log(candidate / incumbent) block ratios, adjusted by "
+                       "batch_slope x log(candidate / incumbent mean decode batch size) (Theil-Sen) "
                        "(scipy.stats.wilcoxon); Hodges-Lehmann effect; interval by inverting the test")
         return out
 
@@ -136,9 +159,9 @@ class SwitchbackJudge:
     def __init__(self, settings: JudgePolicy, keep_gain: float):
         self.settings, self.keep_gain = settings, keep_gain
         self.looks = max(1, settings.max_blocks // (2 * settings.min_samples))
-        self.look_confidence = 1 - (1 - settings.confidence) / self.looks
         self._blocks: dict[tuple[str, int], Block] = {}
         self._looked = 0
+        self._alpha_spent = 0.0
 
     def add(self, blocks: Iterable[Block]) -> None:
         for block in blocks:
@@ -157,6 +180,13 @@ class SwitchbackJudge:
                 out.append((incumbent, candidate))
         return out[:len(out) // 2 * 2]
 
+    def _look_alpha(self, final: bool) -> float:
+        """The error rate this look may spend: a share growing with the look's number, or all that is left."""
+        alpha = 1 - self.settings.confidence
+        if final:
+            return alpha - self._alpha_spent
+        return alpha * self._looked / (self.looks * (self.looks + 1) / 2)
+
     def look(self) -> Verdict | None:
         """A verdict at each planned look (every min_samples pairs), None between looks. The last look (max_blocks
         reached) always decides: inconclusive if the evidence is not decisive by then."""
@@ -166,25 +196,33 @@ class SwitchbackJudge:
             return None
         self._looked += 1
         final = exhausted or self._looked >= self.looks
+        look_alpha = self._look_alpha(final)
+        self._alpha_spent += look_alpha
+        confidence = 1 - look_alpha
         incumbent = [i.decode_tokens_per_second for i, _ in pairs]
         candidate = [c.decode_tokens_per_second for _, c in pairs]
-        outcome = classify(incumbent, candidate, self.look_confidence, self.keep_gain, self.settings.margin)
+        adjusted = log_ratios(incumbent, candidate, [i.decode_batch_size for i, _ in pairs],
+                              [c.decode_batch_size for _, c in pairs])
+        ratios, slope = adjusted if adjusted is not None else (np.array([]), 0.0)
+        outcome = classify(ratios, confidence, self.keep_gain, self.settings.margin)
         if outcome is None and not final:
-            return Verdict(None, "not decisive yet", len(pairs), blocks, self._looked, self.looks,
-                           self.look_confidence, self.keep_gain)
+            return Verdict(None, "not decisive yet", len(pairs), blocks, self._looked, self.looks, confidence,
+                           self.keep_gain)
         outcome = outcome or INCONCLUSIVE
-        comparison = compare(incumbent, candidate, self.look_confidence)
-        return Verdict(outcome, self._reason(outcome, comparison, len(pairs), blocks), len(pairs), blocks, self._looked,
-                       self.looks, self.look_confidence, self.keep_gain, comparison,
+        comparison = compare(ratios, confidence)
+        return Verdict(outcome, self._reason(outcome, comparison, confidence, len(pairs), blocks), len(pairs), blocks,
+                       self._looked, self.looks, confidence, self.keep_gain, comparison, slope,
                        {"incumbent_decode_tokens_per_second": [round(x, 2) for x in incumbent],
                         "candidate_decode_tokens_per_second": [round(x, 2) for x in candidate],
+                        "incumbent_decode_batch_size": [i.decode_batch_size for i, _ in pairs],
+                        "candidate_decode_batch_size": [c.decode_batch_size for _, c in pairs],
                         "incumbent_inter_token_seconds": [i.inter_token_seconds for i, _ in pairs],
                         "candidate_inter_token_seconds": [c.inter_token_seconds for _, c in pairs]})
 
-    def _reason(self, outcome: str, comparison: Comparison | None, pairs: int, blocks: int) -> str:
+    def _reason(self, outcome: str, comparison: Comparison | None, confidence: float, pairs: int, blocks: int) -> str:
         if comparison is None:
             return f"{pairs} block pairs that can be tested after {blocks} blocks: inconclusive"
-        measured = (f"candidate / incumbent {comparison.effect:.3f}x, {self.look_confidence:.2%} interval "
+        measured = (f"candidate / incumbent {comparison.effect:.3f}x, {confidence:.2%} interval "
                     f"[{comparison.low:.3f}, {comparison.high:.3f}], p = {comparison.p_value:.3g}, {pairs} block pairs "
                     f"(look {self._looked} of {self.looks})")
         verdicts = {BETTER: f"lower bound clears {self.keep_gain:.3f}x",

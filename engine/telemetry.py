@@ -115,19 +115,23 @@ class _BlockAccumulator:
     step_tokens: int = 0             # delivered by the step in progress (its record_step comes after them)
     decode_tokens: int = 0
     decode_seconds: float = 0.0
+    decode_steps: int = 0
+    decode_sequences: int = 0
 
-    def add_step(self, step_seconds: float, prefill_tokens: int) -> None:
+    def add_step(self, step: StepRecord) -> None:
         self.steps += 1
-        self.busy_seconds += step_seconds
-        if not prefill_tokens:
+        self.busy_seconds += step.step_seconds
+        if not step.prefill_tokens:
             self.decode_tokens += self.step_tokens
-            self.decode_seconds += step_seconds
+            self.decode_seconds += step.step_seconds
+            self.decode_steps += 1
+            self.decode_sequences += step.batch_size
         self.step_tokens = 0
 
     def closed(self) -> Block:
         return Block(self.index, self.arm, self.config_version, self.steps, self.emitted_tokens, self.busy_seconds,
                      self.gap_seconds / self.gap_tokens if self.gap_tokens else None, self.decode_tokens,
-                     self.decode_seconds)
+                     self.decode_seconds, self.decode_steps, self.decode_sequences)
 
 
 @dataclass
@@ -235,7 +239,7 @@ class Telemetry:
             for acc in self._targets():
                 acc.add_step(step)
             if self._block is not None:
-                self._block.add_step(step.step_seconds, step.prefill_tokens)
+                self._block.add_step(step)
 
     def record_replacement(self, seconds: float) -> None:
         """Serving stalled this long while expert weights moved to a new placement."""

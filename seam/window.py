@@ -37,6 +37,8 @@ class Block:
     inter_token_seconds: float | None  # mean inter-token gap of the tokens delivered in the block
     decode_tokens: int = 0            # emitted by the block's steps that ran no prefill
     decode_seconds: float = 0.0       # those steps' seconds
+    decode_steps: int = 0             # how many steps those were
+    decode_sequences: int = 0         # the sequences they stepped (the sum of their batch sizes)
     source: str = ""                  # the engine replica it ran on (set when replicas' windows are merged)
 
     @property
@@ -47,6 +49,11 @@ class Block:
     def decode_tokens_per_second(self) -> float:
         """What the judge compares: a prefill costs the same under any config but swings a block's throughput."""
         return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def decode_batch_size(self) -> float | None:
+        """The mean batch size of the decode-only steps (None if not measured): the judge's covariate."""
+        return self.decode_sequences / self.decode_steps if self.decode_steps else None
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,11 @@
 """The switchback judge on synthetic per-block samples: each of its outcomes, early stopping, drift cancelling, and
 its A/A error rate over many trials staying within 1 - confidence."""
+import math
+
 import numpy as np
-from controller.judge import BETTER, INCONCLUSIVE, NO_DIFFERENCE, WORSE, SwitchbackJudge, compare
+import pytest
+
+from controller.judge import BETTER, INCONCLUSIVE, NO_DIFFERENCE, WORSE, SwitchbackJudge, compare, log_ratios
 from engine.switchback import ORDER
 from policies import JudgePolicy
 from seam import Block
@@ -88,6 +92,49 @@ def test_aa_trials_rarely_claim_a_difference():
 
 
 def test_an_untestable_sample_gives_no_comparison():
-    assert compare([1.0], [1.0], 0.99) is None
-    assert compare([1.0, 2.0], [2.0, 4.0], 0.99) is None          # every pair the same ratio: no spread to test
-    assert compare([1.0, 0.0], [1.0, 1.0], 0.99) is None
+    assert compare(log_ratios([1.0], [1.0])[0], 0.99) is None
+    assert compare(log_ratios([1.0, 2.0], [2.0, 4.0])[0], 0.99) is None   # every pair the same ratio: no spread to test
+    assert log_ratios([1.0, 0.0], [1.0, 1.0]) is None
+
+
+def batched_blocks(ratio: float, count: int, rng, with_batch: bool = True) -> list[Block]:
+    """ABBA blocks whose batch size wanders between 1 and 6 sequences, throughput growing as batch^0.8 (as decode
+    throughput does on the 2-core machine), plus a log-normal noise of 0.05."""
+    out = []
+    for index in range(count):
+        arm, batch = ORDER[index % 4], int(rng.integers(1, 7))
+        rate = 40.0 * batch ** 0.8 * (ratio if arm == "candidate" else 1.0) * np.exp(rng.normal(0, 0.05))
+        out.append(Block(index, arm, 1, 2, round(rate * 0.2), 0.2, 0.01, decode_tokens=round(rate * 0.2),
+                         decode_seconds=0.2, decode_steps=2 if with_batch else 0,
+                         decode_sequences=2 * batch if with_batch else 0))
+    return out
+
+
+def verdicts(blocks_: list[Block], settings=SETTINGS):
+    judge, out = SwitchbackJudge(settings, 1.0), []
+    for start in range(0, len(blocks_), 4):
+        judge.add(blocks_[start:start + 4])
+        verdict = judge.look()
+        if verdict is not None:
+            out.append(verdict)
+            if verdict.decided:
+                return out
+    return out
+
+
+@pytest.mark.parametrize("ratio", [1.0, 0.9])
+def test_adjusting_for_batch_size_narrows_the_interval_around_the_true_ratio(ratio):
+    data = batched_blocks(ratio, SETTINGS.max_blocks, np.random.default_rng(10))
+    unadjusted = [Block(**{**b.__dict__, "decode_steps": 0, "decode_sequences": 0}) for b in data]
+    adjusted, plain = verdicts(data)[-1], verdicts(unadjusted)[-1]
+    assert 0.6 < adjusted.batch_slope < 1.0 and plain.batch_slope == 0.0
+    assert adjusted.comparison.low <= ratio <= adjusted.comparison.high
+    width = lambda verdict: math.log(verdict.comparison.high / verdict.comparison.low)  # noqa: E731
+    assert adjusted.pairs <= plain.pairs and width(adjusted) < width(plain) / 4
+
+
+def test_the_looks_spend_exactly_the_error_rate_and_the_later_looks_spend_more():
+    looks = verdicts(blocks(1.0, 0.4, SETTINGS.max_blocks, np.random.default_rng(11)))
+    spent = [1 - verdict.look_confidence for verdict in looks]
+    assert looks[-1].outcome == INCONCLUSIVE and len(looks) == looks[-1].looks
+    assert math.isclose(sum(spent), 1 - SETTINGS.confidence) and spent == sorted(spent)

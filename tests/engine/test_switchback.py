@@ -46,6 +46,9 @@ def test_blocks_alternate_abba_and_each_arm_has_its_own_window(moe_models, promp
                                        for i in range(len(arms))]
     assert [b.index for b in window.blocks] == list(range(len(window.blocks)))
     assert all(b.steps == 1 and b.emitted_tokens > 0 and b.busy_seconds > 0 for b in window.blocks)
+    decoding = [b for b in window.blocks if b.decode_steps]
+    assert decoding and all(b.decode_batch_size in range(1, len(prompts) + 1) for b in decoding)
+    assert all(b.decode_batch_size is None and b.decode_tokens == 0 for b in window.blocks if not b.decode_steps)
     assert {b.config_version for b in window.blocks if b.arm == "candidate"} == {DRAFT.version}
     plain, draft = window.arms["incumbent"], window.arms["candidate"]
     assert plain.draft_len == 0 and plain.drafted_tokens == 0 and draft.draft_len == 4 and draft.drafted_tokens > 0
