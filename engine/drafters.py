@@ -13,7 +13,7 @@ from engine.kv_cache import KVCache
 from engine.sampling import probs_from_logits, uniforms
 from engine.sequence import Sequence
 from engine.transformer import Transformer
-from kernels import sample_categorical
+from governor_kernels import sample_categorical
 
 
 @dataclass

@@ -27,7 +27,7 @@ from engine.switchback import Switchback
 from engine.telemetry import StepRecord, Telemetry, TelemetrySink
 from engine.tokenizer import Tokenizer
 from engine.transformer import Transformer
-from kernels import verify_drafts
+from governor_kernels import verify_drafts
 from seam import EngineConfig, Experiment, SamplingParams, Window
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model_spec import ModelSpec
-from kernels import expert_capacity, route_tokens
+from governor_kernels import expert_capacity, route_tokens
 
 
 class Exchange(Protocol):

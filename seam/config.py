@@ -30,7 +30,7 @@ class EngineConfig(BaseModel):
     ngram_max: int = Field(4, ge=1, le=8, description="longest suffix n-gram prompt lookup tries first")
     capacity_factor: float = Field(0.0, ge=0, le=16, description=(
         "MoE expert capacity = ceil(capacity_factor * tokens * top_k / experts) (token, expert) pairs per step; "
-        "pairs over capacity are dropped (kernels.router); 0 = dropless"))
+        "pairs over capacity are dropped (governor_kernels.router); 0 = dropless"))
     placement: tuple[tuple[int, ...], ...] | None = Field(None, description=(
         "per MoE layer, the logical expert each physical slot holds (replicas allowed); slot s runs on "
         "expert-parallel rank s // slots_per_device; None = experts in order over the slots"))

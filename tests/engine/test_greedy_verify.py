@@ -5,7 +5,7 @@ from engine.engine import Engine
 from engine.sampling import probs_from_logits
 from engine.scheduler import Scheduled
 from engine.sequence import Sequence
-from kernels import verify_drafts
+from governor_kernels import verify_drafts
 from seam import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine.moe import LOCAL, ExpertSlots, expert_ffn, moe_forward
-from kernels.router import route_tokens
+from governor_kernels.router import route_tokens
 from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, generate, make_engine
 

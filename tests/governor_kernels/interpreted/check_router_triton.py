@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kernels.router import route_tokens
+from governor_kernels.router import route_tokens
 
 
 def assert_same(triton_route, logits: torch.Tensor, top_k: int):

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.router import Routing
+from governor_kernels.router import Routing
 
 BLOCK_TOKENS = 32
 

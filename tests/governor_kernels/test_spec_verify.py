@@ -1,7 +1,7 @@
 """The verification reference: accept mask, first rejection, recovered and bonus tokens."""
 import torch
 
-from kernels import sample_categorical, verify_drafts
+from governor_kernels import sample_categorical, verify_drafts
 
 V = 5
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kernels.spec_verify import verify_drafts
+from governor_kernels.spec_verify import verify_drafts
 
 
 def distributions(generator: torch.Generator, *shape: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.categorical import sample_categorical
+from governor_kernels.categorical import sample_categorical
 
 
 def verify_drafts(

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-import kernels
-from kernels import router, spec_verify
-from kernels.dispatch import uses_triton
+import governor_kernels
+from governor_kernels import router, spec_verify
+from governor_kernels.dispatch import uses_triton
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -22,8 +22,8 @@ def verify_inputs(device: str):
 def test_cpu_tensors_take_the_reference():
     assert not uses_triton(torch.zeros(1))
     logits = torch.randn(9, 6, generator=torch.Generator().manual_seed(0))
-    assert kernels.route_tokens(logits, 2).slots.tolist() == router.route_tokens(logits, 2).slots.tolist()
-    got, want = kernels.verify_drafts(*verify_inputs("cpu")), spec_verify.verify_drafts(*verify_inputs("cpu"))
+    assert governor_kernels.route_tokens(logits, 2).slots.tolist() == router.route_tokens(logits, 2).slots.tolist()
+    got, want = governor_kernels.verify_drafts(*verify_inputs("cpu")), spec_verify.verify_drafts(*verify_inputs("cpu"))
     assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
 
 
@@ -31,8 +31,8 @@ def test_cpu_tensors_take_the_reference():
 def test_cuda_tensors_take_triton_and_match_the_reference_on_the_cpu():
     assert uses_triton(torch.zeros(1, device="cuda"))
     logits = torch.randint(0, 4, (300, 60), generator=torch.Generator().manual_seed(0)).float()   # many ties
-    got, want = kernels.route_tokens(logits.cuda(), 4), router.route_tokens(logits, 4)
+    got, want = governor_kernels.route_tokens(logits.cuda(), 4), router.route_tokens(logits, 4)
     assert got.experts.tolist() == want.experts.tolist() and got.slots.tolist() == want.slots.tolist()
-    accepted, token = kernels.verify_drafts(*verify_inputs("cuda"))
+    accepted, token = governor_kernels.verify_drafts(*verify_inputs("cuda"))
     want_accepted, want_token = spec_verify.verify_drafts(*verify_inputs("cpu"))
     assert accepted.tolist() == want_accepted.tolist() and token.tolist() == want_token.tolist()
