@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import argparse
 
-from governor.bench import controller_vs_static, judge, moe_parts, overload, soak, speculation, telemetry_overhead
+from governor.bench import (controller_vs_static, hostile, judge, moe_parts, overload, soak, speculation,
+                            telemetry_overhead)
 
-BENCHMARKS = (speculation, telemetry_overhead, moe_parts, controller_vs_static, judge, overload, soak)
+BENCHMARKS = (speculation, telemetry_overhead, moe_parts, controller_vs_static, judge, overload, hostile, soak)
 
 
 def add_bench_commands(parser: argparse.ArgumentParser) -> None:
