@@ -8,7 +8,6 @@ import datetime as dt
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 
 from controller.calibration import Calibration
 from controller.clients import ApplyFailed, EngineClient, EngineClientError
@@ -17,6 +16,7 @@ from controller.judge import BETTER, INCONCLUSIVE, SwitchbackJudge, Verdict
 from controller.rule_policy import RulePolicy
 from controller.store import Pin, RollbackRow, Store
 from controller.strategy import Proposal, Strategy
+from controller.trial import Trial, candidate_breaches, speculation_gain
 from controller.window_stats import merge_windows, no_data_reason, slo_breaches, window_summary
 from policies import Policy
 from seam import EngineConfig, Experiment, Window
@@ -34,26 +34,6 @@ class PinHeld(RuntimeError):
         self.pin = pin
 
 
-@dataclass
-class _Trial:
-    id: int
-    proposal: Proposal
-    config: EngineConfig
-    baseline: Window
-    judge: SwitchbackJudge
-    started: float = field(default_factory=time.monotonic)
-    arms: dict[str, list[Window]] = field(default_factory=dict)    # what each arm measured, part by part
-    no_data_windows: int = 0
-
-    def add(self, part: Window) -> None:
-        self.judge.add(part.blocks or ())
-        for arm, window in (part.arms or {}).items():
-            self.arms.setdefault(arm, []).append(window)
-
-    def arm(self, name: str) -> Window | None:
-        return merge_windows(self.arms[name]) if self.arms.get(name) else None
-
-
 class Controller:
     def __init__(self, client: EngineClient, store: Store, policy: Policy, policy_name: str = "default",
                  metrics: MetricsSink | None = None, on_decision=None, resume: bool = True):
@@ -66,7 +46,7 @@ class Controller:
         self.window_index = 0
         self.latest: Window | None = None
         self._parts: list[Window] = []
-        self._trial: _Trial | None = None
+        self._trial: Trial | None = None
         self._no_data = False
         self._cooldown_until = 0
         self._slo_alert: str | None = None         # startsAt of the built-in SLO alert while it fires
@@ -158,7 +138,7 @@ class Controller:
             return
         trial_id = self.store.start_trial(self.strategy.name, config, self.current, proposal.predicted_gain,
                                           getattr(proposal.optuna_trial, "number", None))
-        self._trial = _Trial(trial_id, proposal, config, baseline, SwitchbackJudge(settings, proposal.keep_gain))
+        self._trial = Trial(trial_id, proposal, config, baseline, SwitchbackJudge(settings, proposal.keep_gain))
         self._decide("trial", proposal.reason, {**proposal.inputs, "kind": proposal.kind,
                                                 "keep_gain": proposal.keep_gain, "baseline": window_summary(baseline),
                                                 "switchback": settings.model_dump()},
@@ -168,7 +148,7 @@ class Controller:
         """Feed the trial this part's blocks; end it if the candidate breaks the SLO or the judge decides."""
         trial = self._trial
         trial.add(part)
-        breaches = self._candidate_breaches(part)
+        breaches = candidate_breaches(part, self.policy)
         if breaches:
             self._end_trial("cut_short", "trial cut short, incumbent restored: the candidate's blocks break the SLO "
                             "while the incumbent's do not: " + "; ".join(breaches))
@@ -178,16 +158,6 @@ class Controller:
             return False
         self._end_trial(OUTCOMES.get(verdict.outcome, verdict.outcome), verdict.reason, verdict)
         return True
-
-    def _candidate_breaches(self, part: Window) -> list[str]:
-        arms = part.arms or {}
-        candidate, incumbent = arms.get("candidate"), arms.get("incumbent")
-        if candidate is None:
-            return []
-        enough = candidate.emitted_tokens * 2 * self.policy.window.checks >= self.policy.window.min_emitted_tokens
-        if not enough or (incumbent is not None and slo_breaches(incumbent, self.policy)):
-            return []
-        return slo_breaches(candidate, self.policy)
 
     def _end_trial(self, outcome: str, reason: str, verdict: Verdict | None = None) -> None:
         trial, self._trial = self._trial, None
@@ -216,9 +186,9 @@ class Controller:
             self.metrics.rollback()
             self._cooldown_until = self.window_index + self.policy.trial.cooldown_windows + 1
             action = "cut_short" if outcome == "cut_short" else "revert"
-        speculation_gain = _speculation_gain(kind, gain)
-        if speculation_gain is not None:
-            inputs["speculation_gain_over_plain"] = speculation_gain
+        over_plain = speculation_gain(kind, gain)
+        if over_plain is not None:
+            inputs["speculation_gain_over_plain"] = over_plain
         self._decide(action, reason, inputs, predicted_gain=trial.proposal.predicted_gain, measured_gain=gain,
                      config_version=self.current.version, trial_id=trial.id)
 
@@ -471,13 +441,6 @@ class Controller:
             from controller.optuna_search import OptunaSearch
             return OptunaSearch(policy, self.store.url)
         return RulePolicy(policy, calibration=self.calibration)
-
-
-def _speculation_gain(kind: str, gain: float | None) -> float | None:
-    """Measured speculative over plain decode throughput, from a probe of one mode against the other."""
-    if gain is None or kind not in ("fallback_probe", "speculation_probe"):
-        return None
-    return 1 / gain if kind == "fallback_probe" else gain
 
 
 def _iso(unix_seconds: float) -> str:

@@ -1,0 +1,52 @@
+"""A running switchback trial: the proposal under test, its judge, what each arm measured part by part, and the SLO
+guard that cuts it short."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from controller.judge import SwitchbackJudge
+from controller.strategy import Proposal
+from controller.window_stats import merge_windows, slo_breaches
+from policies import Policy
+from seam import EngineConfig, Window
+
+
+@dataclass
+class Trial:
+    id: int
+    proposal: Proposal
+    config: EngineConfig
+    baseline: Window
+    judge: SwitchbackJudge
+    started: float = field(default_factory=time.monotonic)
+    arms: dict[str, list[Window]] = field(default_factory=dict)    # what each arm measured, part by part
+    no_data_windows: int = 0
+
+    def add(self, part: Window) -> None:
+        self.judge.add(part.blocks or ())
+        for arm, window in (part.arms or {}).items():
+            self.arms.setdefault(arm, []).append(window)
+
+    def arm(self, name: str) -> Window | None:
+        return merge_windows(self.arms[name]) if self.arms.get(name) else None
+
+
+def candidate_breaches(part: Window, policy: Policy) -> list[str]:
+    """The SLO breaches of the candidate's blocks in this part, if they carry enough traffic to judge and the
+    incumbent's blocks breach nothing (a breach on both sides is the traffic's, not the candidate's)."""
+    arms = part.arms or {}
+    candidate, incumbent = arms.get("candidate"), arms.get("incumbent")
+    if candidate is None:
+        return []
+    enough = candidate.emitted_tokens * 2 * policy.window.checks >= policy.window.min_emitted_tokens
+    if not enough or (incumbent is not None and slo_breaches(incumbent, policy)):
+        return []
+    return slo_breaches(candidate, policy)
+
+
+def speculation_gain(kind: str, gain: float | None) -> float | None:
+    """Measured speculative over plain decode throughput, from a probe of one mode against the other."""
+    if gain is None or kind not in ("fallback_probe", "speculation_probe"):
+        return None
+    return 1 / gain if kind == "fallback_probe" else gain
