@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -171,7 +172,7 @@ class ExpertParallel:
         self._workers = []
 
     def close(self) -> None:
-        """Stop the workers (terminating any spawned here that do not stop in time) and leave the process group."""
+        """Stop the workers (killing any spawned here that do not stop in time) and leave the process group."""
         if self._channel is not None:
             with contextlib.suppress(RuntimeError):
                 self._channel.send(("stop",))
@@ -179,7 +180,7 @@ class ExpertParallel:
         for worker in self._workers:
             worker.join(timeout=10)
             if worker.is_alive():
-                worker.terminate()
+                worker.kill()
                 worker.join(timeout=5)
         self._workers = []
 
@@ -267,6 +268,11 @@ def _spawn_workers(rank0: GroupMember, backend: str, timeout_seconds: float) -> 
 
 
 def _spawned_worker(member: GroupMember, backend: str, threads: int, timeout_seconds: float) -> None:
+    """A worker rank 0 spawned lives and dies by rank 0: a SIGINT or SIGTERM sent to the whole process group (Ctrl-C,
+    `timeout`) is rank 0's to act on, and rank 0 stops its workers as it shuts down. A worker that died of it first
+    would make rank 0's step in flight fail and respawn the group while the server shuts down."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(threads)
     serve_worker(member, backend, timeout_seconds)
 

@@ -111,3 +111,25 @@ def test_respawns_that_keep_failing_make_serve_exit_non_zero_for_its_supervisor(
         assert "3 respawns of the expert-parallel group failed within 60 s" in server.log()
     finally:
         server.stop()
+
+
+def test_a_sigterm_to_the_whole_process_group_stops_serving_without_a_failed_step(tmp_path):
+    # What Ctrl-C or `timeout` does: every process of the group gets the signal at once. The worker leaves its
+    # lifetime to rank 0, so the request in flight finishes and nothing is respawned on the way down.
+    url, server = start_serve(tmp_path, "serve", "--ep", "2", "--no-controller", "--db",
+                              f"sqlite:///{tmp_path}/governor.db")
+    try:
+        worker = _worker_pid(server.process.pid)
+        with ThreadPoolExecutor(1) as pool:
+            streamed = pool.submit(_stream, url, 96)
+            _until(lambda: (metric_value(httpx.get(f"{url}/metrics").text, "governor_kv_blocks_in_use") or 0) > 0,
+                   timeout=60)
+            os.kill(worker, signal.SIGTERM)
+            os.kill(server.process.pid, signal.SIGTERM)
+            assert server.process.wait(timeout=60) == -signal.SIGTERM   # uvicorn re-raises it once shut down
+            events = streamed.result(timeout=60)
+        assert events[-1] == "[DONE]" and not any('"error"' in event for event in events)
+        assert "engine step failed" not in server.log() and "respawn" not in server.log()
+        _until(lambda: not Path(f"/proc/{worker}").exists(), timeout=30)
+    finally:
+        server.stop()
