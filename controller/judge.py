@@ -47,13 +47,14 @@ class Comparison:
     p_value: float
 
 
-def log_ratios(incumbent: Iterable[float], candidate: Iterable[float], incumbent_batch: Iterable[float | None] = (),
-               candidate_batch: Iterable[float | None] = ()) -> tuple[np.ndarray, float] | None:
+def paired_log_ratios(incumbent: Iterable[float], candidate: Iterable[float],
+                      incumbent_batch: Iterable[float | None] = (),
+                      candidate_batch: Iterable[float | None] = ()) -> tuple[np.ndarray, float]:
     """Per pair log(candidate / incumbent), adjusted for the pairs' batch sizes when every pair has them, and the
-    slope the adjustment used (0.0 when not adjusted). None if a sample is <= 0."""
+    slope the adjustment used (0.0 when not adjusted). Samples must be > 0 (ValueError otherwise)."""
     incumbent, candidate = np.asarray(list(incumbent), float), np.asarray(list(candidate), float)
     if (incumbent <= 0).any() or (candidate <= 0).any():
-        return None
+        raise ValueError("throughput samples must be > 0 to compare their logs")
     ratios = np.log(candidate) - np.log(incumbent)
     batches = list(zip(incumbent_batch, candidate_batch))
     if len(batches) != len(ratios) or len(ratios) < MIN_PAIRS_TO_ADJUST or any(None in pair for pair in batches):
@@ -201,9 +202,8 @@ class SwitchbackJudge:
         confidence = 1 - look_alpha
         incumbent = [i.decode_tokens_per_second for i, _ in pairs]
         candidate = [c.decode_tokens_per_second for _, c in pairs]
-        adjusted = log_ratios(incumbent, candidate, [i.decode_batch_size for i, _ in pairs],
-                              [c.decode_batch_size for _, c in pairs])
-        ratios, slope = adjusted if adjusted is not None else (np.array([]), 0.0)
+        ratios, slope = paired_log_ratios(incumbent, candidate, [i.decode_batch_size for i, _ in pairs],
+                                          [c.decode_batch_size for _, c in pairs])
         outcome = classify(ratios, confidence, self.keep_gain, self.settings.margin)
         if outcome is None and not final:
             return Verdict(None, "not decisive yet", len(pairs), blocks, self._looked, self.looks, confidence,

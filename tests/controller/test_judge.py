@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from controller.judge import BETTER, INCONCLUSIVE, NO_DIFFERENCE, WORSE, SwitchbackJudge, compare, log_ratios
+from controller.judge import (BETTER, INCONCLUSIVE, NO_DIFFERENCE, WORSE, SwitchbackJudge, compare,
+                              paired_log_ratios)
 from engine.switchback import ORDER
 from policies import JudgePolicy
 from seam import Block
@@ -92,9 +93,10 @@ def test_aa_trials_rarely_claim_a_difference():
 
 
 def test_an_untestable_sample_gives_no_comparison():
-    assert compare(log_ratios([1.0], [1.0])[0], 0.99) is None
-    assert compare(log_ratios([1.0, 2.0], [2.0, 4.0])[0], 0.99) is None   # every pair the same ratio: no spread to test
-    assert log_ratios([1.0, 0.0], [1.0, 1.0]) is None
+    assert compare(paired_log_ratios([1.0], [1.0])[0], 0.99) is None
+    assert compare(paired_log_ratios([1.0, 2.0], [2.0, 4.0])[0], 0.99) is None   # every pair the same ratio
+    with pytest.raises(ValueError):
+        paired_log_ratios([1.0, 0.0], [1.0, 1.0])
 
 
 def batched_blocks(ratio: float, count: int, rng, with_batch: bool = True) -> list[Block]:
