@@ -1,15 +1,17 @@
-"""`governor bench overload` against a real `governor serve` whose waiting queue holds 4 requests: the burst is
-split between 200s and 429s, and /health is probed throughout from a process of the bench's own."""
+"""`governor bench overload` against a real `governor serve` that runs 2 sequences and lets 4 wait: the burst of 40
+is split between 200s and 429s however slowly a loaded machine sends it, and /health is probed throughout from a
+process of the bench's own."""
 import pytest
 
-BENCH = ["overload", "--requests", "40", "--max-tokens", "8", "--health-every", "0.05"]
+BENCH = ["overload", "--requests", "40", "--max-tokens", "32", "--health-every", "0.05"]
 RESULT = "overload"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def small_waiting_queue():
+def small_queues():
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GOVERNOR_MAX_WAITING_REQUESTS", "4")
+        patch.setenv("GOVERNOR_MAX_NUM_SEQS", "2")
         yield
 
 
@@ -17,7 +19,7 @@ def test_the_burst_is_admitted_or_refused_and_nothing_fails(data):
     statuses = data["statuses"]
     assert set(statuses) == {"200", "429"} and sum(statuses.values()) == 40
     assert data["server_errors_5xx"] == 0 and data["transport_errors"] == []
-    assert data["settings"]["limits"]["max_waiting_requests"] == 4
+    assert data["settings"]["limits"] == {"max_waiting_requests": 4, "max_waiting_tokens": 32768, "max_num_seqs": 2}
     assert data["kv_blocks_in_use_after"] == 0
 
 
