@@ -23,6 +23,7 @@ from sqlalchemy import Integer, String, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
+from controller.periodic import Periodic
 from controller.store import Base, Store
 
 log = logging.getLogger("governor.lease")
@@ -63,8 +64,7 @@ class Lease:
         self._seen: tuple[str, int, int] | None = None
         self._seen_at = time.monotonic()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._renewals = Periodic("governor-lease", self._step_logging_outages, lambda: self.duration() / 3)
         store.fence = self.fence
 
     # -- what the controller asks ----------------------------------------------------------------------------------
@@ -94,14 +94,11 @@ class Lease:
 
     def start(self) -> None:
         self.step()
-        self._thread = threading.Thread(target=self._run, name="governor-lease", daemon=True)
-        self._thread.start()
+        self._renewals.start()
 
     def stop(self) -> None:
         """Stop renewing and release the lease, so that a standby takes over at once."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        self._renewals.stop()
         with self._lock:
             epoch, self._epoch, self._valid_until = self._epoch, None, float("-inf")
         if epoch is not None:
@@ -110,12 +107,12 @@ class Lease:
                                                        LeaseRow.epoch == epoch)
                                 .values(holder=RELEASED, renewals=LeaseRow.renewals + 1))
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.duration() / 3):
-            try:
-                self.step()
-            except SQLAlchemyError as error:
-                log.warning("lease %r: the database did not answer: %s", self.name, str(error).splitlines()[0])
+    def _step_logging_outages(self) -> None:
+        """A step; a database that does not answer is a warning (the lease lapses if it lasts), not a failure."""
+        try:
+            self.step()
+        except SQLAlchemyError as error:
+            log.warning("lease %r: the database did not answer: %s", self.name, str(error).splitlines()[0])
 
     def step(self) -> None:
         """Renew the lease if we hold it; else watch it, and take it once it is released or left unrenewed."""

@@ -13,6 +13,7 @@ from controller.calibration import Calibration
 from controller.clients import ApplyFailed, EngineClient, EngineClientError
 from controller.counters import CountingSink, MetricsSink
 from controller.judge import BETTER, INCONCLUSIVE, SwitchbackJudge, Verdict
+from controller.periodic import Periodic
 from controller.rule_policy import RulePolicy
 from controller.store import Pin, RollbackRow, Store
 from controller.strategy import Proposal, Strategy
@@ -41,8 +42,7 @@ class Controller:
         self.client, self.store, self.metrics = client, store, metrics or CountingSink()
         self.on_decision = on_decision or (lambda decision_id, action, reason: None)
         self.lock = threading.RLock()               # held by every state change (loop, alerts, operators)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticks = Periodic("governor-controller", self.tick, self.check_seconds)
         self.window_index = 0
         self.latest: Window | None = None
         self._parts: list[Window] = []
@@ -61,26 +61,18 @@ class Controller:
     # -- start, stop, one tick -------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="governor-controller", daemon=True)
-        self._thread.start()
+        self._ticks.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        self._ticks.stop()
 
     def fault(self) -> str | None:
         """The 'controller' health probe: None while its loop runs (or was never started)."""
-        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
-            return "the controller thread died"
-        return None
+        return "the controller thread died" if self._ticks.died() else None
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.policy.window.seconds / self.policy.window.checks):
-            try:
-                self.tick()
-            except Exception:
-                log.exception("controller tick failed; the next tick starts afresh")
+    def check_seconds(self) -> float:
+        """Seconds between two checks (ticks): a window is `checks` of them."""
+        return self.policy.window.seconds / self.policy.window.checks
 
     def tick(self) -> None:
         """One check: take the engine's window so far; every `checks` ticks a whole window is judged."""

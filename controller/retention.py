@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 from collections.abc import Callable
 
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from controller.loop import Controller
+from controller.periodic import Periodic
 from controller.store import AlertOutcome, ConfigVersion, Decision, Rollback, StateEntry, Store, Trial
 
 log = logging.getLogger("governor.retention")
@@ -24,8 +24,7 @@ class RetentionSweeper:
         """days: how long records are kept; 0 keeps everything (the sweeper then does nothing). leading: whether
         this process leads (a standby sweeps nothing)."""
         self.controller, self.days, self.leading, self.every_seconds = controller, days, leading, every_seconds
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._sweeps = Periodic("governor-retention", self.sweep, lambda: self.every_seconds, first_at_once=True)
 
     def sweep(self, now: dt.datetime | None = None) -> dict[str, int]:
         if self.days <= 0 or not self.leading():
@@ -41,22 +40,10 @@ class RetentionSweeper:
 
     def start(self) -> None:
         if self.days > 0:
-            self._thread = threading.Thread(target=self._run, name="governor-retention", daemon=True)
-            self._thread.start()
+            self._sweeps.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                self.sweep()
-            except Exception:
-                log.exception("retention sweep failed; the next one tries again")
-            if self._stop.wait(self.every_seconds):
-                return
+        self._sweeps.stop()
 
 
 def prune(store: Store, before: dt.datetime, keep_versions: set[int] = frozenset()) -> dict[str, int]:

@@ -5,11 +5,11 @@ losing it, it forgets its trial and writes nothing (its writes are fenced by the
 from __future__ import annotations
 
 import logging
-import threading
 
 from controller.alerts import AlertIntake
 from controller.lease import Lease
 from controller.loop import Controller
+from controller.periodic import Periodic
 
 log = logging.getLogger("governor.standby")
 
@@ -20,33 +20,18 @@ class LeaderLoop:
     def __init__(self, controller: Controller, lease: Lease, intake: AlertIntake):
         self.controller, self.lease, self.intake = controller, lease, intake
         self._led: int | None = None          # the epoch this process took charge under
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticks = Periodic("governor-leader", self.tick, controller.check_seconds)
 
     def start(self) -> None:
         self.lease.start()
-        self._thread = threading.Thread(target=self._run, name="governor-leader", daemon=True)
-        self._thread.start()
+        self._ticks.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        self._ticks.stop()
         self.lease.stop()
 
     def fault(self) -> str | None:
-        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
-            return "the controller thread died"
-        return None
-
-    def _run(self) -> None:
-        window = self.controller.policy.window
-        while not self._stop.wait(window.seconds / window.checks):
-            try:
-                self.tick()
-            except Exception:
-                log.exception("controller tick failed; the next tick starts afresh")
-            window = self.controller.policy.window
+        return "the controller thread died" if self._ticks.died() else None
 
     def tick(self) -> None:
         epoch = self.lease.leading_epoch()
