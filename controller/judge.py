@@ -168,18 +168,33 @@ class SwitchbackJudge:
         for block in blocks:
             self._blocks[(block.source, block.index)] = block
 
-    def pairs(self) -> list[tuple[Block, Block]]:
-        """(incumbent, candidate) blocks of each complete pair whose blocks both ran decode-only steps, an even number
-        of them (AB and BA pairs alike, so a linear trend in the traffic cancels)."""
+    def _complete_pairs(self) -> list[tuple[Block, Block]]:
+        """(incumbent, candidate) blocks of each pair whose two blocks have both closed."""
         out = []
         for (source, index), first in sorted(self._blocks.items()):
             second = self._blocks.get((source, index + 1))
             if index % 2 or second is None or first.arm == second.arm:
                 continue
-            incumbent, candidate = (first, second) if first.arm == "incumbent" else (second, first)
-            if incumbent.decode_tokens_per_second > 0 and candidate.decode_tokens_per_second > 0:
-                out.append((incumbent, candidate))
+            out.append((first, second) if first.arm == "incumbent" else (second, first))
+        return out
+
+    def pairs(self) -> list[tuple[Block, Block]]:
+        """The pairs whose blocks both ran decode-only steps, an even number of them (AB and BA pairs alike, so a
+        linear trend in the traffic cancels)."""
+        out = [(incumbent, candidate) for incumbent, candidate in self._complete_pairs()
+               if incumbent.decode_tokens_per_second > 0 and candidate.decode_tokens_per_second > 0]
         return out[:len(out) // 2 * 2]
+
+    def slower_tokens(self) -> tuple[float, int]:
+        """Is the candidate delivering tokens with longer gaps? The one-sided signed-rank p-value of "the candidate's
+        block mean inter-token gap is not longer than its paired incumbent block's", and the pairs it used (p = 1.0
+        below 2). A prefill that stalls every running sequence lands in either arm's block at random, so one block's
+        gap says little; a config that slows delivery makes most of its blocks the slower of their pair."""
+        gaps = [(i.inter_token_seconds, c.inter_token_seconds) for i, c in self._complete_pairs()
+                if i.inter_token_seconds and c.inter_token_seconds]
+        if len(gaps) < 2:
+            return 1.0, len(gaps)
+        return _p(np.log([c / i for i, c in gaps]), "greater"), len(gaps)
 
     def _look_alpha(self, final: bool) -> float:
         """The error rate this look may spend: a share growing with the look's number, or all that is left."""

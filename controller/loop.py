@@ -140,7 +140,7 @@ class Controller:
         """Feed the trial this part's blocks; end it if the candidate breaks the SLO or the judge decides."""
         trial = self._trial
         trial.add(part)
-        breaches = candidate_breaches(part, self.policy)
+        breaches = candidate_breaches(part, trial.judge, self.policy)
         if breaches:
             self._end_trial("cut_short", "trial cut short, incumbent restored: the candidate's blocks break the SLO "
                             "while the incumbent's do not: " + "; ".join(breaches))

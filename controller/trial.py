@@ -32,9 +32,11 @@ class Trial:
         return merge_windows(self.arms[name]) if self.arms.get(name) else None
 
 
-def candidate_breaches(part: Window, policy: Policy) -> list[str]:
-    """The SLO breaches of the candidate's blocks in this part, if they carry enough traffic to judge and the
-    incumbent's blocks breach nothing (a breach on both sides is the traffic's, not the candidate's)."""
+def candidate_breaches(part: Window, judge: SwitchbackJudge, policy: Policy) -> list[str]:
+    """The SLO breaches of the candidate's blocks in this part, if they carry enough traffic to judge, the
+    incumbent's blocks breach nothing (a breach on both sides is the traffic's, not the candidate's), and over the
+    trial so far the candidate's blocks deliver tokens with longer gaps than their paired incumbent blocks (one-sided,
+    at the judge's confidence): a stall that happened to land in the candidate's blocks is not the candidate's."""
     arms = part.arms or {}
     candidate, incumbent = arms.get("candidate"), arms.get("incumbent")
     if candidate is None:
@@ -42,7 +44,12 @@ def candidate_breaches(part: Window, policy: Policy) -> list[str]:
     enough = candidate.emitted_tokens * 2 * policy.window.checks >= policy.window.min_emitted_tokens
     if not enough or (incumbent is not None and slo_breaches(incumbent, policy)):
         return []
-    return slo_breaches(candidate, policy)
+    breaches = slo_breaches(candidate, policy)
+    p_value, pairs = judge.slower_tokens()
+    if not breaches or p_value >= 1 - policy.judge.confidence:
+        return []
+    return [*breaches, f"its blocks' inter-token gaps are longer than the incumbent's over {pairs} block pairs "
+                       f"(one-sided signed-rank p = {p_value:.3g})"]
 
 
 def speculation_gain(kind: str, gain: float | None) -> float | None:

@@ -140,3 +140,40 @@ def test_the_looks_spend_exactly_the_error_rate_and_the_later_looks_spend_more()
     spent = [1 - verdict.look_confidence for verdict in looks]
     assert looks[-1].outcome == INCONCLUSIVE and len(looks) == looks[-1].looks
     assert math.isclose(sum(spent), 1 - SETTINGS.confidence) and spent == sorted(spent)
+
+
+def gap_blocks(gaps: list[tuple[float, float]]) -> list[Block]:
+    """One pair per (incumbent gap, candidate gap), in ABBA order: blocks whose tokens came at those mean gaps."""
+    out = []
+    for pair, gap_by_arm in enumerate(gaps):
+        for index in (2 * pair, 2 * pair + 1):
+            arm = ORDER[index % 4]
+            gap = gap_by_arm[arm == "candidate"]
+            out.append(Block(index, arm, 1, 2, 10, 0.2, gap, decode_tokens=10, decode_seconds=0.2))
+    return out
+
+
+def test_a_candidate_that_delivers_tokens_slower_in_most_pairs_is_slower():
+    rng = np.random.default_rng(12)
+    judge = SwitchbackJudge(SETTINGS, 1.0)
+    judge.add(gap_blocks([(0.05 * rng.uniform(0.8, 1.2), 0.15 * rng.uniform(0.8, 1.2)) for _ in range(8)]))
+    p_value, pairs = judge.slower_tokens()
+    assert pairs == 8 and p_value < 1 - SETTINGS.confidence
+
+
+def test_stalls_that_land_in_the_candidates_blocks_by_chance_are_not_slower():
+    # Same config on both arms; a stall (a 1 s gap) in two of the candidate's blocks and one of the incumbent's: the
+    # candidate's blocks break any SLO below 1 s, but they are not slower pair by pair.
+    rng = np.random.default_rng(13)
+    gaps = [(0.05 * rng.uniform(0.8, 1.2), 0.05 * rng.uniform(0.8, 1.2)) for _ in range(12)]
+    gaps[3], gaps[7], gaps[9] = (0.05, 1.0), (0.05, 1.0), (1.0, 0.05)
+    judge = SwitchbackJudge(SETTINGS, 1.0)
+    judge.add(gap_blocks(gaps))
+    p_value, pairs = judge.slower_tokens()
+    assert pairs == 12 and p_value > 0.05
+
+
+def test_too_few_pairs_are_never_slower():
+    judge = SwitchbackJudge(SETTINGS, 1.0)
+    judge.add(gap_blocks([(0.05, 1.0)]))
+    assert judge.slower_tokens() == (1.0, 1)
