@@ -1,8 +1,8 @@
 """`governor bench controller`: can the controller adapt? It against static configs and the per-phase oracle.
 
 The workload (governor/bench/adaptation_workload.py) runs phases whose best config differs, with closed-loop
-clients. Each arm (every static config, and the controller starting from the engine's default config) serves the
-whole workload on a fresh engine; the per-phase oracle is the best static arm in each phase of the same repetition.
+clients. Each arm (plain decoding, the model's drafter at k = 2, 4 and 8, and the controller starting from the
+model's default config, as `governor serve` would) serves the whole workload on a fresh engine; the per-phase oracle is the best static arm in each phase of the same repetition.
 The whole run is repeated (--repetitions, >= 3 for the full run) with the arm order rotated each time (a Latin
 square: every arm runs in every position), and each ratio is reported as its mean over the repetitions with a 95 %
 Student-t interval. Writes controller.json (summary, per repetition figures, the controller's decisions and its
@@ -28,16 +28,14 @@ from governor.bench.adaptation_workload import LOW_ACCEPTANCE_PHASE, RunResult, 
 from governor.bench.controller_timeline import RecordingClient, figure
 from governor.control_cli import policy_or_none
 from governor.loaders import load_models
+from governor.registry import SHIPPED_NAMES, SMOLLM2
 from policies import Policy
 from seam import EngineConfig
 
 NAME = "controller"
 HELP = "the controller vs static configs and the per-phase oracle on phases that need different configs"
-STATIC = {"plain": EngineConfig(spec_method="off", draft_len=0),
-          "draft k=2": EngineConfig(spec_method="draft_model", draft_len=2),
-          "draft k=4": EngineConfig(spec_method="draft_model", draft_len=4),
-          "ngram k=8": EngineConfig(spec_method="ngram", draft_len=8)}
-QUICK_STATIC = ("plain", "ngram k=8")
+PLAIN = "plain"
+STATIC_KS = (2, 4, 8)
 CONTROLLER = "controller"
 KEPT = ("keep", "fallback", "reenable")
 TARGETS = {"oracle_vs_best_static": 1.15, "controller_vs_oracle": 0.95, "controller_vs_best_static": 1.10,
@@ -47,6 +45,9 @@ TARGETS = {"oracle_vs_best_static": 1.15, "controller_vs_oracle": 0.95, "control
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: 2 s phases, two static arms, 2 repetitions (under 2 minutes)")
+    parser.add_argument("--model", choices=SHIPPED_NAMES, default=SMOLLM2,
+                        help="the target; its default drafter is the static arms' (SmolLM2: prompt lookup, as it "
+                             "copies from its prompt)")
     parser.add_argument("--phase-seconds", type=float, default=20.0, help="length of each of the four phases")
     parser.add_argument("--repetitions", type=report.int_in(1, 20), default=3,
                         help="whole runs, the arm order rotated each time")
@@ -62,16 +63,17 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.phase_seconds, args.max_tokens = min(args.phase_seconds, 2.0), min(args.max_tokens, 16)
         args.repetitions = min(args.repetitions, 2)
-    models = load_models("governor-moe", device=torch.device("cpu"), dtype=torch.float32)
+    models = load_models(args.model, device=torch.device("cpu"), dtype=torch.float32)
     specs = phases(models.tokenizer, args.phase_seconds, args.max_tokens)
-    names = [*(QUICK_STATIC if args.quick else STATIC), CONTROLLER]
+    static = static_arms(models.spec_method, STATIC_KS[-1:] if args.quick else STATIC_KS)
+    names = [*static, CONTROLLER]
     repetitions = []
     for rep in range(args.repetitions):
         order = names[rep % len(names):] + names[:rep % len(names)]          # a Latin square over the runs
         arms = {}
         for position, name in enumerate(order):
             report.progress(f"repetition {rep + 1}/{args.repetitions}, arm {position + 1}/{len(order)}: {name}")
-            arms[name] = _run_arm(name, models, specs, policy)
+            arms[name] = _run_arm(static.get(name), models, specs, policy)
         repetitions.append({"order": order, "arms": arms})
     data = _report(repetitions, specs, policy, args)
     verdicts = [f"{key}: {s['mean']:.3f} (95% CI {s['ci95'][0]:.3f}-{s['ci95'][1]:.3f}) vs {TARGETS[key]:.2f} -> "
@@ -83,9 +85,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_arm(name: str, models, specs, policy: Policy) -> dict:
-    engine = Engine(models.target, models.tokenizer, models.draft, STATIC.get(name, EngineConfig()))
-    if name != CONTROLLER:
+def static_arms(spec_method: str, ks: tuple[int, ...]) -> dict[str, EngineConfig]:
+    """Plain decoding and the model's drafter at each k."""
+    return {PLAIN: EngineConfig(spec_method="off", draft_len=0),
+            **{f"{spec_method} k={k}": EngineConfig(spec_method=spec_method, draft_len=k) for k in ks}}
+
+
+def _run_arm(config: EngineConfig | None, models, specs, policy: Policy) -> dict:
+    """A static config, or (None) the controller starting from the model's default config."""
+    engine = Engine(models.target, models.tokenizer, models.draft,
+                    config or EngineConfig(spec_method=models.spec_method))
+    if config is not None:
         return {"result": run_closed_loop(engine, specs)}
     client = RecordingClient(engine)
     with tempfile.TemporaryDirectory() as folder:
@@ -117,7 +127,7 @@ def _ratios(figures: dict[str, dict], specs) -> dict:
     oracle = sum(figures[oracle_arms[s.name]]["phases"][s.name] * s.seconds for s in specs) / total
     best_static = max(static, key=lambda n: figures[n]["overall"])
     ctl = figures[CONTROLLER]
-    low = figures["plain"]["phases"][LOW_ACCEPTANCE_PHASE]
+    low = figures[PLAIN]["phases"][LOW_ACCEPTANCE_PHASE]
     return {"oracle_vs_best_static": _ratio(oracle, figures[best_static]["overall"]),
             "controller_vs_oracle": _ratio(ctl["overall"], oracle),
             "controller_vs_best_static": _ratio(ctl["overall"], figures[best_static]["overall"]),
@@ -164,7 +174,7 @@ def _report(repetitions: list[dict], specs, policy: Policy, args: argparse.Names
                                                   if d["action"] != "no_data"]}})
     summary = {key: _mean_ci([run["ratios"][key] for run in runs]) for key in TARGETS}
     return {
-        "benchmark": "controller", "command": report.command("governor bench controller", args),
+        "benchmark": "controller", "command": report.command("governor bench controller", args), "model": args.model,
         "machine": report.machine(), "policy": args.policy,
         "phases": [{"name": s.name, "concurrency": s.concurrency, "seconds": s.seconds, "requests_kinds":
                     sorted({job.kind for job in s.jobs})} for s in specs],

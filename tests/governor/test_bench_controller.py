@@ -5,7 +5,7 @@ from governor.cli import main
 BENCH = ["controller", "--quick"]
 RESULT = "controller"
 PHASES = ["copy", "code", "prose-hot", "mixed"]
-ARMS = {"plain", "ngram k=8", "controller"}
+ARMS = {"plain", "ngram k=8", "controller"}   # SmolLM2 speculates by prompt lookup
 RATIOS = ("controller_vs_oracle", "controller_vs_best_static", "oracle_vs_best_static", "low_acceptance_phase_vs_plain")
 
 
