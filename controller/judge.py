@@ -1,6 +1,9 @@
 """The switchback judge: decides a trial from per-block samples of decode throughput (tokens per second of the
 block's steps that ran no prefill: a prefill costs the same under either config, yet one landing in a block swings
-that block's tokens per busy second several-fold).
+that block's tokens per busy second several-fold). When both arms deliver the same tokens (the same drafter, k by
+batch size and capacity factor: a placement change, or an A/A trial), the tokens a step yields differ between blocks
+only by the chance of which drafts were accepted, so the sample is sequences stepped per decode second instead: the
+same ratio in expectation, without the acceptance noise that dominates tokens per second.
 
 Blocks 2j and 2j + 1 of an Experiment ran back to back, one under each arm (ABBA order), so they saw the same
 traffic; their log ratio (candidate over incumbent) cancels drift. What drift leaves between two adjacent blocks is
@@ -30,7 +33,7 @@ import numpy as np
 from scipy import stats
 
 from policies import JudgePolicy
-from seam import Block
+from seam import Block, EngineConfig
 
 BETTER, WORSE, NO_DIFFERENCE, INCONCLUSIVE = "better", "worse", "no_difference", "inconclusive"
 EXACT_UP_TO = 25      # pairs up to which the signed-rank test uses its exact null distribution
@@ -156,9 +159,20 @@ class Verdict:
         return out
 
 
+def same_tokens(incumbent: EngineConfig, candidate: EngineConfig) -> bool:
+    """Do the two configs deliver the same tokens, step for step in distribution? Then only their speed differs."""
+    def drafting(config: EngineConfig) -> tuple:
+        return (config.spec_method, config.k_schedule, config.ngram_min, config.ngram_max, config.capacity_factor) \
+            if config.speculative_len > 0 else ("off", config.capacity_factor)
+    return drafting(incumbent) == drafting(candidate)
+
+
 class SwitchbackJudge:
-    def __init__(self, settings: JudgePolicy, keep_gain: float):
+    def __init__(self, settings: JudgePolicy, keep_gain: float, same_tokens: bool = False):
+        """same_tokens: both arms deliver the same tokens (see same_tokens()), and their blocks count the sequences
+        they stepped: the sample is sequences stepped per decode second rather than tokens per decode second."""
         self.settings, self.keep_gain = settings, keep_gain
+        self.sample = "decode_sequence_steps_per_second" if same_tokens else "decode_tokens_per_second"
         self.looks = max(1, settings.max_blocks // (2 * settings.min_samples))
         self._blocks: dict[tuple[str, int], Block] = {}
         self._looked = 0
@@ -182,7 +196,7 @@ class SwitchbackJudge:
         """The pairs whose blocks both ran decode-only steps, an even number of them (AB and BA pairs alike, so a
         linear trend in the traffic cancels)."""
         out = [(incumbent, candidate) for incumbent, candidate in self._complete_pairs()
-               if incumbent.decode_tokens_per_second > 0 and candidate.decode_tokens_per_second > 0]
+               if getattr(incumbent, self.sample) > 0 and getattr(candidate, self.sample) > 0]
         return out[:len(out) // 2 * 2]
 
     def slower_tokens(self) -> tuple[float, int]:
@@ -215,8 +229,8 @@ class SwitchbackJudge:
         look_alpha = self._look_alpha(final)
         self._alpha_spent += look_alpha
         confidence = 1 - look_alpha
-        incumbent = [i.decode_tokens_per_second for i, _ in pairs]
-        candidate = [c.decode_tokens_per_second for _, c in pairs]
+        incumbent = [getattr(i, self.sample) for i, _ in pairs]
+        candidate = [getattr(c, self.sample) for _, c in pairs]
         ratios, slope = paired_log_ratios(incumbent, candidate, [i.decode_batch_size for i, _ in pairs],
                                           [c.decode_batch_size for _, c in pairs])
         outcome = classify(ratios, confidence, self.keep_gain, self.settings.margin)
@@ -227,8 +241,8 @@ class SwitchbackJudge:
         comparison = compare(ratios, confidence)
         return Verdict(outcome, self._reason(outcome, comparison, confidence, len(pairs), blocks), len(pairs), blocks,
                        self._looked, self.looks, confidence, self.keep_gain, comparison, slope,
-                       {"incumbent_decode_tokens_per_second": [round(x, 2) for x in incumbent],
-                        "candidate_decode_tokens_per_second": [round(x, 2) for x in candidate],
+                       {"sample": self.sample, "incumbent": [round(x, 2) for x in incumbent],
+                        "candidate": [round(x, 2) for x in candidate],
                         "incumbent_decode_batch_size": [i.decode_batch_size for i, _ in pairs],
                         "candidate_decode_batch_size": [c.decode_batch_size for _, c in pairs],
                         "incumbent_inter_token_seconds": [i.inter_token_seconds for i, _ in pairs],

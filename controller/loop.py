@@ -12,7 +12,7 @@ import time
 from controller.calibration import Calibration
 from controller.clients import ApplyFailed, EngineClient, EngineClientError
 from controller.counters import CountingSink, MetricsSink
-from controller.judge import BETTER, INCONCLUSIVE, SwitchbackJudge, Verdict
+from controller.judge import BETTER, INCONCLUSIVE, SwitchbackJudge, Verdict, same_tokens
 from controller.periodic import Periodic
 from controller.rule_policy import RulePolicy
 from controller.store import Pin, RollbackRow, Store
@@ -130,7 +130,9 @@ class Controller:
             return
         trial_id = self.store.start_trial(self.strategy.name, config, self.current, proposal.predicted_gain,
                                           getattr(proposal.optuna_trial, "number", None))
-        self._trial = Trial(trial_id, proposal, config, baseline, SwitchbackJudge(settings, proposal.keep_gain))
+        judge = SwitchbackJudge(settings, proposal.keep_gain, same_tokens=self.policy.trial.mode == "switchback"
+                                and same_tokens(self.current, config))
+        self._trial = Trial(trial_id, proposal, config, baseline, judge)
         self._decide("trial", proposal.reason, {**proposal.inputs, "kind": proposal.kind,
                                                 "keep_gain": proposal.keep_gain, "baseline": window_summary(baseline),
                                                 "switchback": settings.model_dump()},

@@ -51,6 +51,12 @@ class Block:
         return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
     @property
+    def decode_sequence_steps_per_second(self) -> float:
+        """Sequences stepped per second of decode-only steps: throughput without the acceptance of the block's drafts
+        (what the judge compares when both arms deliver the same tokens, so acceptance differs only by chance)."""
+        return self.decode_sequences / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
     def decode_batch_size(self) -> float | None:
         """The mean batch size of the decode-only steps (None if not measured): the judge's covariate."""
         return self.decode_sequences / self.decode_steps if self.decode_steps else None

@@ -30,7 +30,7 @@ import httpx
 import torch
 from scipy import stats
 
-from controller.judge import BETTER, WORSE, SwitchbackJudge
+from controller.judge import BETTER, WORSE, SwitchbackJudge, same_tokens
 from controller.window_stats import tokens_per_busy_second
 from engine.api import create_app
 from engine.engine import Engine
@@ -202,7 +202,7 @@ def _sequential_trial(engine: Engine, candidate: EngineConfig, window: float,
 
 
 def _switchback_trial(engine: Engine, candidate: EngineConfig, policy: Policy) -> tuple[str, float, float | None]:
-    judge = SwitchbackJudge(policy.judge, policy.trial.keep_gain)
+    judge = SwitchbackJudge(policy.judge, policy.trial.keep_gain, same_tokens=same_tokens(INCUMBENT, candidate))
     began = time.monotonic()
     engine.apply(Experiment(incumbent=INCUMBENT, candidate=candidate, block_steps=policy.judge.block_steps))
     engine.snapshot()

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from controller.judge import (BETTER, INCONCLUSIVE, NO_DIFFERENCE, WORSE, SwitchbackJudge, compare,
-                              paired_log_ratios)
+                              paired_log_ratios, same_tokens)
 from engine.switchback import ORDER
 from policies import JudgePolicy
-from seam import Block
+from seam import Block, EngineConfig
 
 SETTINGS = JudgePolicy(confidence=0.99, min_samples=8, max_blocks=96, margin=0.03)
 
@@ -77,8 +77,8 @@ def test_no_verdict_between_looks():
 
 def test_evidence_records_samples_effect_interval_p_value_and_blocks():
     evidence = run(0.8, 0.05, np.random.default_rng(8)).evidence()
-    assert len(evidence["samples"]["incumbent_decode_tokens_per_second"]) == evidence["pairs"]
-    assert len(evidence["samples"]["candidate_decode_tokens_per_second"]) == evidence["pairs"]
+    assert evidence["samples"]["sample"] == "decode_tokens_per_second"
+    assert len(evidence["samples"]["incumbent"]) == len(evidence["samples"]["candidate"]) == evidence["pairs"]
     low, high = evidence["comparison"]["interval"]
     assert low <= evidence["comparison"]["effect"] <= high and 0 <= evidence["comparison"]["p_value"] < 0.01
     assert evidence["blocks"] >= 2 * evidence["pairs"] and evidence["outcome"] == WORSE
@@ -177,3 +177,41 @@ def test_too_few_pairs_are_never_slower():
     judge = SwitchbackJudge(SETTINGS, 1.0)
     judge.add(gap_blocks([(0.05, 1.0)]))
     assert judge.slower_tokens() == (1.0, 1)
+
+
+def accepting_blocks(cost_ratio: float, count: int, rng) -> list[Block]:
+    """Blocks of 2 steps at batch 2 (the default block_steps under light load) whose drafts are accepted by chance (1 to
+    5 tokens per sequence-step, the same distribution on both arms), the candidate's steps cost_ratio x as long,
+    with a little timing noise."""
+    out = []
+    for index in range(count):
+        arm = ORDER[index % 4]
+        seconds = 0.1 * (cost_ratio if arm == "candidate" else 1.0) * np.exp(rng.normal(0, 0.05))
+        tokens = int(rng.integers(1, 6, size=4).sum())
+        out.append(Block(index, arm, 1, 2, tokens, seconds, seconds / tokens, decode_tokens=tokens,
+                         decode_seconds=seconds, decode_steps=2, decode_sequences=4))
+    return out
+
+
+def test_arms_that_deliver_the_same_tokens_are_compared_without_acceptance_noise():
+    # A candidate 10 % slower per step with the same drafts: tokens per second carries the acceptance noise and is not
+    # decisive over 40 pairs; sequences stepped per second is, and points at the true ratio.
+    data = accepting_blocks(1 / 0.9, 80, np.random.default_rng(14))
+    settings = JudgePolicy(confidence=0.99, min_samples=40, max_blocks=80, margin=0.03)
+    tokens, steps = SwitchbackJudge(settings, 1.0), SwitchbackJudge(settings, 1.0, same_tokens=True)
+    tokens.add(data)
+    steps.add(data)
+    by_tokens, by_steps = tokens.look(), steps.look()
+    assert by_steps.outcome == WORSE and 0.85 < by_steps.comparison.effect < 0.95
+    assert by_tokens.outcome == INCONCLUSIVE
+    assert by_steps.samples["sample"] == "decode_sequence_steps_per_second"
+
+
+def test_same_tokens_means_the_same_drafting_and_capacity():
+    config = EngineConfig(spec_method="ngram", draft_len=4, capacity_factor=1.5)
+    assert same_tokens(config, config.changed(version=7, placement=((1, 0),)))
+    assert same_tokens(config.changed(spec_method="off"), config.changed(spec_method="off", draft_len=2))
+    assert not same_tokens(config, config.changed(draft_len=5))
+    assert not same_tokens(config, config.changed(draft_len_schedule=((1, 4), (2, 2))))
+    assert not same_tokens(config, config.changed(spec_method="draft_model"))
+    assert not same_tokens(config, config.changed(capacity_factor=2.0))
