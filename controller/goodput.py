@@ -104,6 +104,10 @@ class GoodputModel:
     def measured_bands(self) -> set[int]:
         return {band for band in self.bands if self.ready(band)}
 
+    def measured_plain(self, band: int) -> bool:
+        """Has a window of plain decoding measured the target's cost at k = 0 in band?"""
+        return band in self.bands and 0 in self.bands[band].target.per_k
+
     def measured_ks(self, band: int) -> list[int]:
         return sorted(self.bands[band].draft.per_k) if band in self.bands else []
 

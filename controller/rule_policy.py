@@ -110,12 +110,16 @@ class RulePolicy:
 
     def _draft_len(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
         """Set the k of the batch band the traffic is in (and of the bands never measured) to the model's best;
-        the bands learned already keep theirs, so the schedule fills in as the load visits each band."""
+        the bands learned already keep theirs, so the schedule fills in as the load visits each band. k = 0 (plain
+        decoding at this band's batch sizes only) is a candidate once plain decoding was measured at the band."""
         model, band = self._model(current.spec_method), _band(baseline)
         if current.speculative_len == 0 or not model.ready(band):
             return None
         k_now = current.draft_len_for(_batch(baseline))
-        best = model.best(self._reachable(model, band), band)
+        reachable = self._reachable(model, band)
+        if model.measured_plain(band):
+            reachable = range(0, reachable.stop)
+        best = model.best(reachable, band)
         if best.k == k_now:
             return None
         return self._predicted(

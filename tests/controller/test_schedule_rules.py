@@ -66,9 +66,9 @@ def _window(method: str, k: int, batch: float, seconds_per_step: float, accepted
     drafted = [steps * round(batch)] * k
     kept = [round(d * accepted ** (j + 1)) for j, d in enumerate(drafted)]
     return Window(
-        start=0.0, end=1.0, config_version=1, spec_method=method, draft_len=k, steps=steps, num_drafts=drafted[0],
+        start=0.0, end=1.0, config_version=1, spec_method=method, draft_len=k, steps=steps, num_drafts=sum(drafted[:1]),
         drafted_tokens=sum(drafted), accepted_tokens=sum(kept), drafted_per_position=drafted,
-        accepted_per_position=kept, emitted_tokens=round(steps * batch * (1 + sum(kept) / max(drafted[0], 1))),
+        accepted_per_position=kept, emitted_tokens=round(steps * batch * (1 + sum(kept) / max(sum(drafted[:1]), 1))),
         prefill_tokens=0, finished_requests=5, target_forward_seconds=steps * seconds_per_step * 0.8,
         draft_forward_seconds=steps * seconds_per_step * 0.1 * (k > 0), step_seconds=steps * seconds_per_step,
         ttft_seconds=EMPTY, inter_token_seconds=EMPTY, e2e_seconds=EMPTY, batch_size_mean=batch,
@@ -131,3 +131,17 @@ def test_a_speculation_probe_after_a_pin_restores_the_schedule_speculation_last_
     probe = rules.propose(plain, _window("draft_model", 1, 1, 0.01, 0.9), 2)
     assert probe.kind == "speculation_probe"
     assert probe.config.spec_method == "draft_model" and probe.config.k_schedule == speculative.k_schedule
+
+
+def test_a_band_where_plain_decoding_measured_faster_gets_k_0_and_the_other_bands_keep_speculating():
+    rules = RulePolicy(QUIET)
+    for k in (2, 4):
+        rules.observe(_window("ngram", k, batch=1, seconds_per_step=0.01, accepted=0.9))
+        rules.observe(_window("ngram", k, batch=16, seconds_per_step=0.05, accepted=0.1))
+    current = EngineConfig(spec_method="ngram", draft_len=4)
+    assert rules.propose(current, _window("ngram", 4, 16, 0.05, 0.1), 1).config.draft_len_for(16) > 0   # not measured
+    rules.observe(_window("off", 0, batch=16, seconds_per_step=0.05, accepted=0.0))    # e.g. a fallback probe's arm
+    proposal = rules.propose(current, _window("ngram", 4, 16, 0.05, 0.1), 2)
+    assert proposal.kind == "draft_len" and proposal.predicted_gain > 1.05
+    assert proposal.config.draft_len_for(16) == 0 and proposal.config.draft_len_for(1) == 4
+    assert proposal.config.speculative_len == 4 and "<=1: 4, more: 0" in proposal.reason   # unmeasured bands: 0 too
