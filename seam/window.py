@@ -47,7 +47,8 @@ class Block:
 
     @property
     def decode_tokens_per_second(self) -> float:
-        """What the judge compares: a prefill costs the same under any config but swings a block's throughput."""
+        """What the judge compares (decode-only steps: a prefill costs the same under any config but swings a block's
+        throughput)."""
         return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
     @property

@@ -1,10 +1,11 @@
 """The workload of `governor bench controller`: phases whose best config differs, served by closed-loop clients.
 
 - copy: edit/summarise-like requests whose answers repeat spans of the prompt (a code snippet given twice, then
-  its start again: the model continues by copying), at concurrency 1; prompt lookup wins here;
-- code: code generation at low concurrency (2); the draft model wins;
+  its start again: a model that copies, as SmolLM2 does, continues it), at concurrency 1; prompt lookup at a large
+  k wins here;
+- code: code generation at low concurrency (2); a smaller k (or the draft model, where one is trained) wins;
 - prose-hot: prose at temperature 1.5 and concurrency 16, where drafts are mostly rejected and verifying them costs a
-  whole batch; plain decoding (or a small k) wins;
+  whole batch; plain decoding wins;
 - mixed: all three kinds at concurrency 6.
 
 Closed loop: each phase keeps `concurrency` requests in flight (a finished one is replaced at once), so goodput

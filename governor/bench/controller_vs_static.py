@@ -2,7 +2,8 @@
 
 The workload (governor/bench/adaptation_workload.py) runs phases whose best config differs, with closed-loop
 clients. Each arm (plain decoding, the model's drafter at k = 2, 4 and 8, and the controller starting from the
-model's default config, as `governor serve` would) serves the whole workload on a fresh engine; the per-phase oracle is the best static arm in each phase of the same repetition.
+model's default config, as `governor serve` would) serves the whole workload on a fresh engine; the per-phase
+oracle is the best static arm in each phase of the same repetition.
 The whole run is repeated (--repetitions, >= 3 for the full run) with the arm order rotated each time (a Latin
 square: every arm runs in every position), and each ratio is reported as its mean over the repetitions with a 95 %
 Student-t interval. Writes controller.json (summary, per repetition figures, the controller's decisions and its
