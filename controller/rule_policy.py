@@ -17,6 +17,7 @@ from policies import Policy
 from seam import DraftLenSchedule, EngineConfig, Window
 
 DRAFTERS = ("draft_model", "ngram")
+LIGHT_BAND = 1           # batch sizes up to 2: where an untried drafter is tried (see RulePolicy._drafter)
 
 
 @dataclass
@@ -129,8 +130,10 @@ class RulePolicy:
     # -- which drafter: the draft model or prompt lookup ----------------------------------------------------------
 
     def _drafter(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
-        """Switch drafter when its model predicts a gain; try a drafter never measured at this batch band every
-        reprobe_windows, so both models learn."""
+        """Switch drafter when its model predicts a gain; under light load (batch band <= LIGHT_BAND) try a drafter
+        never measured at this band every reprobe_windows, so both models learn. Not under heavy load: a drafter that
+        loses there slows every running sequence (SmolLM2's own first 20 of 30 layers as the draft model, tried blind at
+        16 sequences, halved a 20 s phase's goodput), and speculation pays least there anyway."""
         if current.spec_method not in DRAFTERS:
             return None
         other = next(m for m in DRAFTERS if m != current.spec_method)
@@ -144,7 +147,7 @@ class RulePolicy:
             candidate = learned(current.changed(spec_method=other), band, best.k, theirs.measured_bands())
             return self._predicted(candidate, "spec_method", raw, f"drafter {current.spec_method} -> {other} at "
                                    f"batch band {band}, k {best.k}", current, baseline)
-        if index - self.state.last_drafter_probe < self.policy.speculation.reprobe_windows:
+        if band > LIGHT_BAND or index - self.state.last_drafter_probe < self.policy.speculation.reprobe_windows:
             return None
         self.state.last_drafter_probe = index
         return Proposal(current.changed(spec_method=other), "spec_method",

@@ -110,6 +110,19 @@ def test_the_drafter_that_wins_is_proposed_and_one_never_measured_is_tried():
     assert "ngram" in rules.state.unavailable
 
 
+def test_a_drafter_never_measured_is_tried_under_light_load_only():
+    policy = parse_policy({"speculation": {"reprobe_windows": 1}})
+    rules = RulePolicy(policy)
+    rules.state.last_mode_probe = 10**6
+    current = EngineConfig(spec_method="ngram", draft_len=4)
+    for k in (2, 4):
+        rules.observe(_window("ngram", k, batch=16, seconds_per_step=0.05, accepted=0.3))
+    heavy = rules.propose(current, _window("ngram", 4, 16, 0.05, 0.3), 5)
+    assert heavy is None or heavy.kind != "spec_method"
+    light = rules.propose(current, _window("ngram", 4, 2, 0.01, 0.3), 6)
+    assert light.kind == "spec_method" and light.config.spec_method == "draft_model" and "batch band 1" in light.reason
+
+
 def test_k_for_the_band_the_load_is_in_leaves_the_learned_band_alone():
     rules = RulePolicy(QUIET)
     for k in (2, 4):
