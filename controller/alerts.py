@@ -116,10 +116,10 @@ class AlertIntake:
             self._one(alert, row["source"])
         return len(rows)
 
-    def builtin(self, status: str, starts_at: str, summary: str) -> None:
+    def builtin(self, status: str, starts_at: str, summary: str, action: str = "rollback") -> None:
         """The built-in SLO evaluator's alert, for when no Prometheus runs."""
         fingerprint = hashlib.sha1(f"{BUILTIN_ALERT}:{starts_at}".encode()).hexdigest()[:16]
-        alert = Alert(status=status, labels={"alertname": BUILTIN_ALERT, "governor_action": "rollback"},
+        alert = Alert(status=status, labels={"alertname": BUILTIN_ALERT, "governor_action": action},
                       annotations={"summary": summary}, startsAt=starts_at, fingerprint=fingerprint)
         self._one(alert, "builtin")
 

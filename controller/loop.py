@@ -312,12 +312,20 @@ class Controller:
         return trial.id
 
     def _evaluate_slo(self, window: Window) -> None:
+        """Raise the built-in alert while the window breaks the SLO. It asks for a rollback, unless a trial is running
+        and the incumbent's own blocks break the SLO too: then the breach is the traffic's, rolling back would only
+        end the trial, and the alert notifies (the trial's own guard cuts a candidate that makes latency worse)."""
         if not self.policy.slo.builtin_evaluator or self.alerts is None:
             return
         breaches = slo_breaches(window, self.policy)
         if breaches and self._slo_alert is None:
             self._slo_alert = _iso(window.end)
-            self.alerts.builtin("firing", self._slo_alert, "; ".join(breaches))
+            incumbent = (window.arms or {}).get("incumbent")
+            if self._trial is not None and incumbent is not None and slo_breaches(incumbent, self.policy):
+                self.alerts.builtin("firing", self._slo_alert, "; ".join(breaches) + " (the incumbent's blocks "
+                                    "break it too: the traffic's, not the trial's)", action="notify")
+            else:
+                self.alerts.builtin("firing", self._slo_alert, "; ".join(breaches))
         elif not breaches and self._slo_alert is not None:
             self.alerts.builtin("resolved", self._slo_alert, "latency back within the SLO")
             self._slo_alert = None

@@ -159,3 +159,38 @@ def test_builtin_slo_evaluator_raises_one_rollback_alert_while_the_slo_is_broken
     alerts = controller.store.rows(AlertRecord)
     assert [(a["name"], a["status"], a["source"]) for a in alerts] == [("GovernorSLOBreach", "firing", "builtin")]
     assert _rollbacks(controller) == 1
+
+
+def test_a_builtin_breach_the_incumbents_blocks_share_during_a_trial_notifies_and_the_trial_goes_on(
+        build, prompts, monkeypatch):
+    # Once a trial of k (2 against the model's best) runs, every target forward takes 0.45 s more, on both arms: a
+    # step's tokens come at least 0.15 s apart on either, over the SLO. The breach is not the candidate's doing, so
+    # the alert notifies instead of rolling back, and the trial runs on.
+    import threading
+
+    from controller.alerts import AlertIntake
+    engine, controller = build(fast_policy(slo={"inter_token_p99_seconds": 0.15},
+                                           window={"seconds": 3.0, "min_steps": 3, "min_emitted_tokens": 10}), k=2)
+    AlertIntake(controller)
+    slow, forward = threading.Event(), engine.target.forward
+
+    def slow_once_a_trial_runs(*args, **kwargs):
+        if slow.is_set():
+            time.sleep(0.45)
+        return forward(*args, **kwargs)
+    monkeypatch.setattr(engine.target, "forward", slow_once_a_trial_runs)
+    with ClosedLoopTraffic(engine, prompts, concurrency=4):
+        controller.client.snapshot()
+        for _ in range(10):
+            time.sleep(controller.policy.window.seconds)
+            controller.tick()
+            if controller.state()["trial"] is not None:
+                slow.set()
+            if controller.store.rows(AlertRecord):
+                break
+        trial = controller.state()["trial"]
+    alerts = controller.store.rows(AlertRecord)
+    assert [(a["name"], a["action"]) for a in alerts] == [("GovernorSLOBreach", "notify")]
+    assert _rollbacks(controller) == 0 and trial is not None                # the trial was not ended by the alert
+    notify = controller.store.rows(Decision, action="notify")
+    assert len(notify) == 1 and "the traffic's, not the trial's" in notify[0]["inputs"]["annotations"]["summary"]
