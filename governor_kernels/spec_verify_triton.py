@@ -15,6 +15,20 @@ BLOCK_V = 1024
 
 
 @triton.jit
+def _p_q_block(p_row, q_row, start, V, q_limit, draft_token,
+               HAS_DRAFT_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One block of the vocabulary from start: its indices, the target's p and the draft's q there (one-hot at the
+    draft token for deterministic drafts; zero where q does not matter, q_limit 0)."""
+    v = start + tl.arange(0, BLOCK_V)
+    p_next = tl.load(p_row + v, mask=v < V, other=0.0)
+    if HAS_DRAFT_PROBS:
+        q_next = tl.load(q_row + v, mask=v < q_limit, other=0.0)
+    else:
+        q_next = tl.where(v == draft_token, 1.0, 0.0)
+    return v, p_next, q_next
+
+
+@triton.jit
 def _verify_kernel(draft_tokens, num_drafts, draft_probs, target_probs, accept_uniforms, sample_uniforms,
                    num_accepted_out, next_token_out, K, V,
                    HAS_DRAFT_PROBS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
@@ -42,12 +56,7 @@ def _verify_kernel(draft_tokens, num_drafts, draft_probs, target_probs, accept_u
     p_total = tl.zeros((), tl.float64)
     residual_peak = tl.zeros((), tl.float32)
     for start in range(0, V, BLOCK_V):
-        v = start + tl.arange(0, BLOCK_V)
-        p_next = tl.load(p_row + v, mask=v < V, other=0.0)
-        if HAS_DRAFT_PROBS:
-            q_next = tl.load(q_row + v, mask=v < q_limit, other=0.0)
-        else:
-            q_next = tl.where(v == draft_token, 1.0, 0.0)
+        v, p_next, q_next = _p_q_block(p_row, q_row, start, V, q_limit, draft_token, HAS_DRAFT_PROBS, BLOCK_V)
         residual = tl.where(rejected, tl.maximum(p_next - q_next, 0.0), p_next)
         residual_total += tl.sum(residual.to(tl.float64), axis=0)
         p_total += tl.sum(p_next.to(tl.float64), axis=0)
@@ -59,12 +68,7 @@ def _verify_kernel(draft_tokens, num_drafts, draft_probs, target_probs, accept_u
     below = tl.zeros((), tl.int64)
     carry = tl.zeros((), tl.float64)
     for start in range(0, V, BLOCK_V):
-        v = start + tl.arange(0, BLOCK_V)
-        p_next = tl.load(p_row + v, mask=v < V, other=0.0)
-        if HAS_DRAFT_PROBS:
-            q_next = tl.load(q_row + v, mask=v < q_limit, other=0.0)
-        else:
-            q_next = tl.where(v == draft_token, 1.0, 0.0)
+        v, p_next, q_next = _p_q_block(p_row, q_row, start, V, q_limit, draft_token, HAS_DRAFT_PROBS, BLOCK_V)
         weight = tl.where(rejected & ~degenerate, tl.maximum(p_next - q_next, 0.0), p_next)
         cdf = carry + tl.cumsum(weight.to(tl.float64), axis=0)
         below += tl.sum(((cdf.to(tl.float32) <= target) & (v < V)).to(tl.int64), axis=0)
