@@ -17,7 +17,7 @@ from controller.periodic import Periodic
 from controller.rule_policy import RulePolicy
 from controller.store import Pin, RollbackRow, Store
 from controller.strategy import Proposal, Strategy
-from controller.trial import Trial, candidate_breaches, speculation_gain
+from controller.trial import Trial, candidate_breaches, incumbent_breaks_slo, speculation_gain
 from controller.window_stats import merge_windows, no_data_reason, slo_breaches, window_summary
 from policies import Policy
 from seam import EngineConfig, Experiment, Window
@@ -320,8 +320,7 @@ class Controller:
         breaches = slo_breaches(window, self.policy)
         if breaches and self._slo_alert is None:
             self._slo_alert = _iso(window.end)
-            incumbent = (window.arms or {}).get("incumbent")
-            if self._trial is not None and incumbent is not None and slo_breaches(incumbent, self.policy):
+            if self._trial is not None and incumbent_breaks_slo(window, self.policy):
                 self.alerts.builtin("firing", self._slo_alert, "; ".join(breaches) + " (the incumbent's blocks "
                                     "break it too: the traffic's, not the trial's)", action="notify")
             else:

@@ -37,19 +37,26 @@ def candidate_breaches(part: Window, judge: SwitchbackJudge, policy: Policy) -> 
     incumbent's blocks breach nothing (a breach on both sides is the traffic's, not the candidate's), and over the
     trial so far the candidate's blocks deliver tokens with longer gaps than their paired incumbent blocks (one-sided,
     at the judge's confidence): a stall that happened to land in the candidate's blocks is not the candidate's."""
-    arms = part.arms or {}
-    candidate, incumbent = arms.get("candidate"), arms.get("incumbent")
+    candidate = (part.arms or {}).get("candidate")
     if candidate is None:
         return []
     enough = candidate.emitted_tokens * 2 * policy.window.checks >= policy.window.min_emitted_tokens
-    if not enough or (incumbent is not None and slo_breaches(incumbent, policy)):
+    if not enough or incumbent_breaks_slo(part, policy):
         return []
     breaches = slo_breaches(candidate, policy)
+    if not breaches:
+        return []
     p_value, pairs = judge.slower_tokens()
-    if not breaches or p_value >= 1 - policy.judge.confidence:
+    if p_value >= 1 - policy.judge.confidence:
         return []
     return [*breaches, f"its blocks' inter-token gaps are longer than the incumbent's over {pairs} block pairs "
                        f"(one-sided signed-rank p = {p_value:.3g})"]
+
+
+def incumbent_breaks_slo(window: Window, policy: Policy) -> bool:
+    """Do a trial window's incumbent blocks break the SLO? Then a breach is the traffic's, not the candidate's."""
+    incumbent = (window.arms or {}).get("incumbent")
+    return incumbent is not None and bool(slo_breaches(incumbent, policy))
 
 
 def speculation_gain(kind: str, gain: float | None) -> float | None:

@@ -1,6 +1,7 @@
 """POST /alerts with Alertmanager webhook payloads on a real loopback server: token, validation, idempotence per
 fingerprint, the action map, and the built-in SLO evaluator."""
 import copy
+import threading
 import time
 
 import httpx
@@ -166,8 +167,6 @@ def test_a_builtin_breach_the_incumbents_blocks_share_during_a_trial_notifies_an
     # Once a trial of k (2 against the model's best) runs, every target forward takes 0.45 s more, on both arms: a
     # step's tokens come at least 0.15 s apart on either, over the SLO. The breach is not the candidate's doing, so
     # the alert notifies instead of rolling back, and the trial runs on.
-    import threading
-
     from controller.alerts import AlertIntake
     engine, controller = build(fast_policy(slo={"inter_token_p99_seconds": 0.15},
                                            window={"seconds": 3.0, "min_steps": 3, "min_emitted_tokens": 10}), k=2)
