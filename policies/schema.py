@@ -64,7 +64,7 @@ class JudgePolicy(_Section):
                               description="two-sided confidence of a verdict, over all of a trial's looks together")
     min_samples: int = Field(10, ge=3, le=10_000,
                              description="block pairs before the first look, and between two looks")
-    max_blocks: int = Field(120, ge=6, le=100_000,
+    max_blocks: int = Field(140, ge=6, le=100_000,
                             description="blocks (both arms) after which an undecided trial ends inconclusive")
     margin: float = Field(0.03, gt=0.0, le=1.0, description=(
         "an interval within keep_gain x [1 / (1 + margin), 1 + margin] means no difference: the trial stops and "
