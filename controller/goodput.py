@@ -1,11 +1,16 @@
 """Expected goodput as a function of draft length k, from what the live engine measured.
 
-Per sequence-step, k drafts yield E(k) = 1 + s_0 + ... + s_{k-1} tokens, s_j being the measured share of drafts
-accepted through position j (positions never measured extrapolate geometrically from the last measured ratio). A
-step costs overhead + target(k) + draft(k) seconds. Costs are measured per batch-size band (powers of two of the
-mean batch) and per k, because verification on an MoE target costs more as k and the batch grow. Between and above
-the k measured, a line through them (slope >= 0; one point: flat); below them, the smallest k's cost. A cost is the
-lowest of the last few windows' figures: other work on the machine only ever adds time.
+Per sequence-step, k drafts yield E(k) = 1 + q_0 s_0 + ... + q_{k-1} s_{k-1} tokens: q_j is the share of
+sequence-steps that drafted a token at position j (1 for a draft model; prompt lookup drafts only where the text
+matches) and s_j the share of those drafts accepted through position j. Positions never measured extrapolate
+geometrically from the last measured ratio.
+A step costs overhead + target(k) + draft(k) seconds. Costs are measured per batch-size band (powers of two of the
+mean batch) and per k, because verification costs more as k and the batch grow. A cost is the lowest of the last few
+windows' figures: other work on the machine only ever adds time. With several k measured in a band: between and
+above them a line through them (slope >= 0), below them the smallest k's cost. With one k0 measured there, the
+target's cost moves by the seconds per verified token (the Theil-Sen slope of target seconds per step on tokens
+verified per step, over recent windows of every band) times the tokens k adds or removes, batch x (D(k) - D(k0))
+with D(k) = q_0 + ... + q_{k-1} drafted per sequence-step; the drafter's cost scales by D(k) / D(k0).
 Predicted tokens per busy second at k, relative to the current k: E(k) / E(k0) * cost(k0) / cost(k).
 """
 from __future__ import annotations
@@ -15,10 +20,14 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import stats
 
 from seam import Window
 
 RECENT_WINDOWS = 5
+SLOPE_WINDOWS = 40       # recent windows the seconds per verified token is fitted on
+MIN_SLOPE_WINDOWS = 3
+MIN_TOKEN_SPREAD = 1.5   # ... once the most tokens verified per step is this many times the fewest
 
 
 def batch_band(batch_size_mean: float) -> int:
@@ -37,13 +46,16 @@ class _Costs:
     def per_k(self) -> dict[int, float]:
         return {k: min(values) for k, values in self.recent.items()}
 
-    def at(self, k: int) -> float | None:
+    def at(self, k: int, one_point=None) -> float | None:
+        """The cost at k: measured, on the line through the k measured, or (one k measured) one_point(k0, cost)."""
         per_k = self.per_k
         if not per_k:
             return None
         if k in per_k:
             return per_k[k]
         ks = sorted(per_k)
+        if len(ks) == 1 and one_point is not None:
+            return one_point(ks[0], per_k[ks[0]])
         if len(ks) == 1 or k < ks[0]:
             return per_k[ks[0]]
         slope, intercept = np.polyfit(ks, [per_k[x] for x in ks], 1)
@@ -57,6 +69,7 @@ class _Band:
     target: _Costs = field(default_factory=_Costs)
     draft: _Costs = field(default_factory=_Costs)
     overheads: deque = field(default_factory=lambda: deque(maxlen=RECENT_WINDOWS))
+    batch: deque = field(default_factory=lambda: deque(maxlen=RECENT_WINDOWS))
 
     @property
     def overhead(self) -> float | None:
@@ -79,7 +92,9 @@ class GoodputModel:
         self.memory = memory                 # weight of the newest window in the acceptance counts
         self.drafted: list[float] = []       # decayed counts per draft position
         self.accepted: list[float] = []
+        self.eligible: list[float] = []      # decayed sequence-steps that could draft at each position (j < k)
         self.bands: dict[int, _Band] = {}
+        self.verified: deque = deque(maxlen=SLOPE_WINDOWS)    # (tokens verified per step, target seconds per step)
 
     def observe(self, window: Window) -> None:
         if window.steps == 0:
@@ -90,12 +105,19 @@ class GoodputModel:
             band.draft.observe(k, window.draft_forward_seconds / window.steps)
         band.overheads.append((window.step_seconds - window.target_forward_seconds - window.draft_forward_seconds)
                               / window.steps)
-        for j, (d, a) in enumerate(zip(window.drafted_per_position, window.accepted_per_position)):
+        band.batch.append(window.batch_size_mean)
+        self.verified.append((window.batch_size_mean + window.drafted_tokens / window.steps,
+                              window.target_forward_seconds / window.steps))
+        sequence_steps = window.batch_size_mean * window.steps
+        drafted, accepted = list(window.drafted_per_position), list(window.accepted_per_position)
+        for j in range(max(k, len(drafted))):
             if j >= len(self.drafted):
                 self.drafted.append(0.0)
                 self.accepted.append(0.0)
-            self.drafted[j] = (1 - self.memory) * self.drafted[j] + d
-            self.accepted[j] = (1 - self.memory) * self.accepted[j] + a
+                self.eligible.append(0.0)
+            self.drafted[j] = (1 - self.memory) * self.drafted[j] + (drafted[j] if j < len(drafted) else 0)
+            self.accepted[j] = (1 - self.memory) * self.accepted[j] + (accepted[j] if j < len(accepted) else 0)
+            self.eligible[j] = (1 - self.memory) * self.eligible[j] + sequence_steps
 
     def ready(self, band: int) -> bool:
         costs = self.bands.get(band)
@@ -115,18 +137,48 @@ class GoodputModel:
         """s_j: share of drafts accepted through position j, for the positions measured."""
         return [a / d for d, a in zip(self.drafted, self.accepted) if d > 0]
 
+    def drafting(self) -> list[float]:
+        """q_j: share of sequence-steps that drafted a token at position j (of those whose k allowed one), for the
+        positions measured."""
+        return [min(d / e, 1.0) for d, e in zip(self.drafted, self.eligible) if d > 0]
+
     def expected_tokens(self, k: int) -> float:
-        s = self.survival()
-        if k > len(s):
-            ratio = s[-1] / s[-2] if len(s) >= 2 and s[-2] > 0 else s[-1]
-            ratio = min(max(ratio, 0.0), 1.0)
-            s = s + [s[-1] * ratio ** (j + 1) for j in range(k - len(s))]
-        return 1.0 + sum(s[:k])
+        """Tokens per sequence-step at k: 1 + sum over positions j < k of q_j s_j."""
+        return 1.0 + sum(q * s for q, s in zip(_extended(self.drafting(), k), _extended(self.survival(), k)))
+
+    def drafted_tokens(self, k: int) -> float:
+        """D(k): tokens drafted per sequence-step at k."""
+        return sum(_extended(self.drafting(), k))
+
+    def seconds_per_verified_token(self) -> float | None:
+        """The target's marginal cost of one more token in a step, >= 0; None until recent windows verified
+        numbers of tokens per step far enough apart (a batch or a k that changed) for a slope to stand out of the
+        noise."""
+        if len(self.verified) < MIN_SLOPE_WINDOWS:
+            return None
+        tokens, seconds = zip(*self.verified)
+        if max(tokens) < MIN_TOKEN_SPREAD * min(tokens):
+            return None
+        return max(float(stats.theilslopes(seconds, tokens).slope), 0.0)
 
     def predict(self, k: int, band: int) -> Prediction:
         costs = self.bands[band]
-        seconds = costs.overhead + costs.target.at(k) + (costs.draft.at(k) if k > 0 else 0.0)
-        return Prediction(k, self.expected_tokens(k) if k > 0 else 1.0, max(seconds, 1e-9))
+        target = costs.target.at(k, lambda k0, cost: self._target_moved(cost, k0, k, float(np.mean(costs.batch))))
+        draft = 0.0 if k == 0 else costs.draft.at(k, lambda k0, cost: self._draft_scaled(cost, k0, k))
+        return Prediction(k, self.expected_tokens(k) if k > 0 else 1.0, max(costs.overhead + target + draft, 1e-9))
+
+    def _target_moved(self, cost: float, k0: int, k: int, batch: float) -> float:
+        """The target's cost at k from its cost at k0: the verified tokens k adds (or removes), at the measured
+        seconds per verified token (unchanged while that is not measured yet)."""
+        per_token = self.seconds_per_verified_token()
+        if per_token is None:
+            return cost
+        return max(cost + per_token * batch * (self.drafted_tokens(k) - self.drafted_tokens(k0)), 0.0)
+
+    def _draft_scaled(self, cost: float, k0: int, k: int) -> float:
+        """The drafter's cost at k from its cost at k0: in proportion to the positions drafted."""
+        drafted = self.drafted_tokens(k0)
+        return cost * self.drafted_tokens(k) / drafted if drafted > 0 else cost
 
     def gain(self, candidate: int, current: int, band: int) -> float:
         """Predicted tokens per busy second at candidate over current."""
@@ -137,7 +189,19 @@ class GoodputModel:
 
     def describe(self, band: int) -> dict:
         costs = self.bands.get(band, _Band())
-        return {"survival": [round(s, 4) for s in self.survival()], "batch_band": band,
+        per_token = self.seconds_per_verified_token()
+        return {"survival": [round(s, 4) for s in self.survival()], "drafting": [round(q, 4) for q in self.drafting()],
+                "batch_band": band,
+                "seconds_per_verified_token": None if per_token is None else round(per_token, 7),
                 "target_seconds_per_step": {k: round(v, 6) for k, v in sorted(costs.target.per_k.items())},
                 "draft_seconds_per_step": {k: round(v, 6) for k, v in sorted(costs.draft.per_k.items())},
                 "overhead_seconds_per_step": None if costs.overhead is None else round(costs.overhead, 6)}
+
+
+def _extended(shares: list[float], k: int) -> list[float]:
+    """The first k shares, positions past those measured extrapolated geometrically from the last measured ratio."""
+    if k <= len(shares) or not shares:
+        return shares[:k]
+    ratio = shares[-1] / shares[-2] if len(shares) >= 2 and shares[-2] > 0 else shares[-1]
+    ratio = min(max(ratio, 0.0), 1.0)
+    return shares + [shares[-1] * ratio ** (j + 1) for j in range(k - len(shares))]

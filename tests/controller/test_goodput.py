@@ -1,0 +1,70 @@
+"""The goodput model's what-if for k, on windows from a known cost law: a step costs a fixed part plus a price per
+token the target verifies, the drafter costs a price per drafted token, and prompt lookup drafts on only some steps."""
+import pytest
+
+from controller.goodput import GoodputModel, batch_band
+from seam import LatencySummary, Window
+
+EMPTY = LatencySummary.of([])
+FIXED, PER_TOKEN, PER_DRAFT, OVERHEAD = 0.020, 0.004, 0.001, 0.002     # seconds
+
+
+def _window(k: int, batch: int, drafting: float = 1.0, accepted: float = 0.8, steps: int = 100) -> Window:
+    """steps steps at k and batch: a share `drafting` of sequence-steps draft all k positions, each accepted through
+    position j with probability accepted ** (j + 1)."""
+    drafted = [round(steps * batch * drafting)] * k
+    kept = [round(d * accepted ** (j + 1)) for j, d in enumerate(drafted)]
+    verified = batch + sum(drafted) / steps
+    target = steps * (FIXED + PER_TOKEN * verified)
+    draft = PER_DRAFT * sum(drafted)
+    return Window(
+        start=0.0, end=1.0, config_version=1, spec_method="ngram" if k else "off", draft_len=k, steps=steps,
+        num_drafts=drafted[0] if k else 0, drafted_tokens=sum(drafted), accepted_tokens=sum(kept),
+        drafted_per_position=drafted, accepted_per_position=kept, emitted_tokens=steps * batch + sum(kept),
+        prefill_tokens=0, finished_requests=1, target_forward_seconds=target, draft_forward_seconds=draft,
+        step_seconds=target + draft + steps * OVERHEAD, ttft_seconds=EMPTY, inter_token_seconds=EMPTY,
+        e2e_seconds=EMPTY, batch_size_mean=float(batch), batch_size_max=batch, queue_depth_mean=0.0,
+        queue_depth_max=0, expert_tokens=None)
+
+
+def _true_tokens_per_second(k: int, batch: int, drafting: float, accepted: float) -> float:
+    """What the cost law and acceptance above give, per sequence."""
+    tokens = 1 + drafting * sum(accepted ** (j + 1) for j in range(k))
+    seconds = FIXED + PER_TOKEN * batch * (1 + drafting * k) + PER_DRAFT * batch * drafting * k + OVERHEAD
+    return tokens / seconds
+
+
+@pytest.mark.parametrize("drafting", [1.0, 0.4])
+def test_with_one_k_measured_a_larger_k_costs_the_tokens_it_adds_to_verify(drafting):
+    model = GoodputModel()
+    for batch in (1, 4, 16):                       # the load moved through three bands at k = 4
+        model.observe(_window(4, batch, drafting))
+    band = batch_band(1)
+    assert model.measured_ks(band) == [4] and model.seconds_per_verified_token() == pytest.approx(PER_TOKEN)
+    for k in (2, 6, 8):
+        truth = _true_tokens_per_second(k, 1, drafting, 0.8) / _true_tokens_per_second(4, 1, drafting, 0.8)
+        assert model.gain(k, 4, band) == pytest.approx(truth, rel=0.02)
+
+
+def test_a_step_cost_measured_once_is_held_flat_until_the_price_per_token_is_known():
+    model = GoodputModel()
+    for _ in range(5):                             # the same batch and k: nothing tells fixed from per-token cost
+        model.observe(_window(4, 1))
+    assert model.seconds_per_verified_token() is None
+    flat = model.predict(6, 0)
+    assert flat.seconds_per_step - model.predict(4, 0).seconds_per_step == pytest.approx(
+        PER_DRAFT * 2, rel=0.01)                   # only the drafter's two more positions
+
+
+def test_prompt_lookup_that_drafts_on_few_steps_yields_tokens_on_those_steps_only():
+    model = GoodputModel()
+    model.observe(_window(4, 2, drafting=0.25, accepted=0.5))
+    assert model.drafting() == pytest.approx([0.25] * 4)
+    assert model.expected_tokens(4) == pytest.approx(1 + 0.25 * sum(0.5 ** (j + 1) for j in range(4)), rel=0.01)
+
+
+def test_positions_only_a_larger_k_reaches_are_shared_over_the_steps_that_could_draft_them():
+    model = GoodputModel()
+    for k in (4, 8, 4):
+        model.observe(_window(k, 1, drafting=0.5))
+    assert model.drafting() == pytest.approx([0.5] * 8)
