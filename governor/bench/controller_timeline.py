@@ -53,8 +53,8 @@ def figure(arms: dict[str, dict], specs, policy: Policy, controller: str):
     edges = np.arange(0, total + BIN_SECONDS, BIN_SECONDS)
     bounds = (policy.slo.ttft_p99_seconds, policy.slo.inter_token_p99_seconds)
     for name, arm in arms.items():
-        done = [(r.finished, r.tokens) for r in arm["result"].records if r.good(*bounds)]
-        tokens, _ = np.histogram([t for t, _ in done], bins=edges, weights=[n for _, n in done])
+        delivered = [d for r in arm["result"].records if r.good(*bounds) for d in r.deliveries]
+        tokens, _ = np.histogram([t for t, _ in delivered], bins=edges, weights=[n for _, n in delivered])
         style = {"linewidth": 2.5, "color": "black"} if name == controller else {"linewidth": 1, "alpha": 0.8}
         goodput_axes.plot(edges[:-1] + BIN_SECONDS / 2, tokens / BIN_SECONDS, label=name, **style)
     goodput_axes.set_ylim(bottom=0)

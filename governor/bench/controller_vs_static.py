@@ -179,9 +179,9 @@ def _report(repetitions: list[dict], specs, policy: Policy, args: argparse.Names
         "machine": report.machine(), "policy": args.policy,
         "phases": [{"name": s.name, "concurrency": s.concurrency, "seconds": s.seconds, "requests_kinds":
                     sorted({job.kind for job in s.jobs})} for s in specs],
-        "goodput_definition": "output tokens of requests finished in the phase with TTFT <= slo.ttft_p99_seconds "
-                              "and mean inter-token gap <= slo.inter_token_p99_seconds, per second of phase; "
-                              "closed-loop clients",
+        "goodput_definition": "output tokens delivered during the phase by requests with TTFT <= "
+                              "slo.ttft_p99_seconds and mean inter-token gap <= slo.inter_token_p99_seconds, per "
+                              "second of phase; closed-loop clients",
         "summary": {**summary, "repetitions": len(runs)},
         "targets": {key: {"target": value, "met": summary[key]["mean"] >= value} for key, value in TARGETS.items()},
         "calibration": _calibration(repetitions),
