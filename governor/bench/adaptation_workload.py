@@ -59,7 +59,7 @@ class RequestRecord:
     def good(self, ttft_bound: float, gap_bound: float) -> bool:
         """Met the SLO over the tokens it delivered: TTFT and mean inter-token gap within their bounds (a request
         still in flight at the end is judged on what it delivered so far)."""
-        if self.first_token is None or self.failed:
+        if self.first_token is None or self.failed or not self.deliveries:
             return False
         last = self.deliveries[-1][0]
         gap = (last - self.first_token) / (self.tokens - 1) if self.tokens > 1 else 0.0
