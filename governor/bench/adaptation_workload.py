@@ -50,16 +50,19 @@ class RequestRecord:
     phase: str
     kind: str
     sent: float                          # seconds since the run started
-    first_token: float | None = None
     finished: float | None = None
     tokens: int = 0
     failed: bool = False
     deliveries: list[tuple[float, int]] = field(default_factory=list)   # (seconds since the start, new tokens)
 
+    @property
+    def first_token(self) -> float | None:
+        return self.deliveries[0][0] if self.deliveries else None
+
     def good(self, ttft_bound: float, gap_bound: float) -> bool:
         """Met the SLO over the tokens it delivered: TTFT and mean inter-token gap within their bounds (a request
         still in flight at the end is judged on what it delivered so far)."""
-        if self.first_token is None or self.failed or not self.deliveries:
+        if self.first_token is None or self.failed:
             return False
         last = self.deliveries[-1][0]
         gap = (last - self.first_token) / (self.tokens - 1) if self.tokens > 1 else 0.0
@@ -128,8 +131,6 @@ def _step(engine: Engine, in_flight: dict[str, RequestRecord], start: float) -> 
         record = in_flight.get(emission.request_id)
         if record is None:
             continue
-        if emission.token_ids and record.first_token is None:
-            record.first_token = now
         if emission.output_tokens > record.tokens:
             record.deliveries.append((now, emission.output_tokens - record.tokens))
         record.tokens = emission.output_tokens

@@ -5,8 +5,7 @@ SPECS = [PhaseSpec("a", 1, 10.0, ()), PhaseSpec("b", 1, 10.0, ())]
 
 
 def _record(sent: float, deliveries: list[tuple[float, int]], failed: bool = False) -> RequestRecord:
-    return RequestRecord("a", "copy", sent, first_token=deliveries[0][0], tokens=sum(n for _, n in deliveries),
-                         failed=failed, deliveries=deliveries)
+    return RequestRecord("a", "copy", sent, tokens=sum(n for _, n in deliveries), failed=failed, deliveries=deliveries)
 
 
 def test_a_request_across_a_phase_boundary_counts_its_tokens_where_they_were_delivered():
