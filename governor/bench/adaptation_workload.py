@@ -145,11 +145,15 @@ def goodput(result: RunResult, specs: list[PhaseSpec], ttft_bound: float, gap_bo
     """Per phase: output tokens delivered during it by SLO-meeting requests, per second of the phase. Counting
     tokens as they arrive, rather than whole requests when they finish, keeps a phase's figure from moving by a
     whole request's tokens when one finishes just after the phase ends."""
+    delivered = good_deliveries(result, ttft_bound, gap_bound)
     out = {}
     for spec in specs:
         begin = result.phase_starts[spec.name]
         end = begin + spec.seconds
-        tokens = sum(n for r in result.records if r.good(ttft_bound, gap_bound)
-                     for at, n in r.deliveries if begin <= at < end)
-        out[spec.name] = tokens / spec.seconds
+        out[spec.name] = sum(n for at, n in delivered if begin <= at < end) / spec.seconds
     return out
+
+
+def good_deliveries(result: RunResult, ttft_bound: float, gap_bound: float) -> list[tuple[float, int]]:
+    """(seconds since the start, tokens) of every delivery by a request that met the SLO."""
+    return [d for r in result.records if r.good(ttft_bound, gap_bound) for d in r.deliveries]

@@ -8,6 +8,7 @@ import numpy as np
 
 from controller.clients import InProcessClient
 from controller.schedule import schedule_text
+from governor.bench.adaptation_workload import good_deliveries
 from policies import Policy
 from seam import EngineConfig, Experiment
 
@@ -53,7 +54,7 @@ def figure(arms: dict[str, dict], specs, policy: Policy, controller: str):
     edges = np.arange(0, total + BIN_SECONDS, BIN_SECONDS)
     bounds = (policy.slo.ttft_p99_seconds, policy.slo.inter_token_p99_seconds)
     for name, arm in arms.items():
-        delivered = [d for r in arm["result"].records if r.good(*bounds) for d in r.deliveries]
+        delivered = good_deliveries(arm["result"], *bounds)
         tokens, _ = np.histogram([t for t, _ in delivered], bins=edges, weights=[n for _, n in delivered])
         style = {"linewidth": 2.5, "color": "black"} if name == controller else {"linewidth": 1, "alpha": 0.8}
         goodput_axes.plot(edges[:-1] + BIN_SECONDS / 2, tokens / BIN_SECONDS, label=name, **style)
