@@ -17,11 +17,13 @@ does not reject. Three outcomes:
 - worse: its upper bound is below keep_gain (the candidate cannot clear the bar: revert);
 - no_difference: the interval lies within keep_gain x [1 / (1 + margin), 1 + margin] (stop, keep the incumbent);
 otherwise the trial goes on, up to max_blocks, and then ends inconclusive (keep the incumbent).
-Looks happen every min_samples pairs, K = max_blocks // (2 * min_samples) of them planned. Look k spends
-(1 - confidence) x k / (1 + 2 + ... + K) of the error rate, and the last look (max_blocks reached, or look K) spends
-whatever the earlier looks left: the shares sum to 1 - confidence, so (by Bonferroni) stopping at the first decisive
-look keeps the error rate within it however the trial ends, and the later looks, which have the most pairs, get the
-larger shares.
+Looks happen every min_samples pairs, K = max_blocks // (2 * min_samples) of them planned. Look k spends a share of
+the error rate 1 - confidence in proportion to k, and the last look (max_blocks reached, or look K) spends whatever
+the earlier looks left: the shares sum to 1 - confidence, so (by Bonferroni) stopping at the first decisive look
+keeps the error rate within it however the trial ends, and the later looks, which have the most pairs, get the
+larger shares. An early look whose pairs could not reach its share (n pairs give no one-sided p below 2^-n, the
+exact test's smallest) is planned out before the trial starts: it tests nothing and spends nothing, and the looks
+left share its part.
 """
 from __future__ import annotations
 
@@ -127,6 +129,20 @@ def classify(log_ratios: np.ndarray, confidence: float, keep_gain: float, margin
     return None
 
 
+def look_shares(looks: int, min_samples: int, alpha: float) -> list[float]:
+    """The error rate each planned look spends (look k after k x min_samples pairs): shares in proportion to k over
+    the looks that could use theirs, 0 for an early look whose smallest one-sided p (2^-pairs) is not below half its
+    share. Dropping a look raises the others' shares, so the plan is redrawn until every early look left can use its
+    share. The last look always stays."""
+    kept = list(range(1, looks + 1))
+    while True:
+        shares = {k: alpha * k / sum(kept) for k in kept}
+        powerless = [k for k in kept if k < looks and 2.0 ** -(k * min_samples) >= shares[k] / 2]
+        if not powerless:
+            return [shares.get(k, 0.0) for k in range(1, looks + 1)]
+        kept = [k for k in kept if k not in powerless]
+
+
 @dataclass
 class Verdict:
     """What a look found; outcome None means the trial goes on."""
@@ -174,6 +190,7 @@ class SwitchbackJudge:
         self.settings, self.keep_gain = settings, keep_gain
         self.sample = "decode_sequence_steps_per_second" if same_tokens else "decode_tokens_per_second"
         self.looks = max(1, settings.max_blocks // (2 * settings.min_samples))
+        self._shares = look_shares(self.looks, settings.min_samples, 1 - settings.confidence)
         self._blocks: dict[tuple[str, int], Block] = {}
         self._looked = 0
         self._alpha_spent = 0.0
@@ -212,10 +229,9 @@ class SwitchbackJudge:
 
     def _look_alpha(self, final: bool) -> float:
         """The error rate this look may spend: a share growing with the look's number, or all that is left."""
-        alpha = 1 - self.settings.confidence
         if final:
-            return alpha - self._alpha_spent
-        return alpha * self._looked / (self.looks * (self.looks + 1) / 2)
+            return 1 - self.settings.confidence - self._alpha_spent
+        return self._shares[self._looked - 1]
 
     def look(self) -> Verdict | None:
         """A verdict at each planned look (every min_samples pairs), None between looks. The last look (max_blocks
@@ -227,6 +243,10 @@ class SwitchbackJudge:
         self._looked += 1
         final = exhausted or self._looked >= self.looks
         look_alpha = self._look_alpha(final)
+        if look_alpha == 0.0:
+            return Verdict(None, f"look {self._looked} is planned out: {self._looked * self.settings.min_samples} "
+                           "pairs could not reach its share of the error rate", len(pairs), blocks, self._looked,
+                           self.looks, 1.0, self.keep_gain)
         self._alpha_spent += look_alpha
         confidence = 1 - look_alpha
         incumbent = [getattr(i, self.sample) for i, _ in pairs]

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from controller.judge import (BETTER, INCONCLUSIVE, NO_DIFFERENCE, WORSE, SwitchbackJudge, compare,
+from controller.judge import (BETTER, INCONCLUSIVE, NO_DIFFERENCE, WORSE, SwitchbackJudge, compare, look_shares,
                               paired_log_ratios, same_tokens)
 from engine.switchback import ORDER
 from policies import JudgePolicy
@@ -140,6 +140,21 @@ def test_the_looks_spend_exactly_the_error_rate_and_the_later_looks_spend_more()
     spent = [1 - verdict.look_confidence for verdict in looks]
     assert looks[-1].outcome == INCONCLUSIVE and len(looks) == looks[-1].looks
     assert math.isclose(sum(spent), 1 - SETTINGS.confidence) and spent == sorted(spent)
+
+
+def test_a_look_whose_pairs_cannot_reach_its_share_is_planned_out_and_spends_nothing():
+    # The default policy looks every 10 pairs, 7 times. Look 1's share in proportion (1/28 of 1 %: 0.018 % a side)
+    # is below 2^-10, the smallest one-sided p of 10 pairs: it is planned out, and looks 2..7 share the whole 1 %.
+    shares = look_shares(7, 10, 0.01)
+    assert shares[0] == 0.0 and math.isclose(sum(shares), 0.01)
+    assert all(2.0 ** -(10 * look) < share / 2 for look, share in enumerate(shares[1:], start=2))
+    judge, rng = SwitchbackJudge(JudgePolicy(min_samples=10, max_blocks=140), 1.0), np.random.default_rng(13)
+    judge.add(blocks(0.5, 0.01, 20, rng))
+    first = judge.look()
+    assert first.look == 1 and not first.decided and first.look_confidence == 1.0
+    judge.add(blocks(0.5, 0.01, 20, rng, start=20))
+    second = judge.look()
+    assert second.look == 2 and second.outcome == WORSE and math.isclose(1 - second.look_confidence, shares[1])
 
 
 def gap_blocks(gaps: list[tuple[float, float]]) -> list[Block]:
