@@ -59,12 +59,12 @@ class TrialPolicy(_Section):
 
 class JudgePolicy(_Section):
     """How a trial is run and judged: a switchback experiment of alternating blocks, decided by controller.judge."""
-    block_steps: int = Field(2, ge=1, le=10_000, description="engine steps per switchback block")
-    confidence: float = Field(0.99, ge=0.5, lt=1.0,
+    block_steps: int = Field(1, ge=1, le=10_000, description="engine steps per switchback block")
+    confidence: float = Field(0.995, ge=0.5, lt=1.0,
                               description="two-sided confidence of a verdict, over all of a trial's looks together")
-    min_samples: int = Field(10, ge=3, le=10_000,
+    min_samples: int = Field(20, ge=3, le=10_000,
                              description="block pairs before the first look, and between two looks")
-    max_blocks: int = Field(140, ge=6, le=100_000,
+    max_blocks: int = Field(260, ge=6, le=100_000,
                             description="blocks (both arms) after which an undecided trial ends inconclusive")
     margin: float = Field(0.03, gt=0.0, le=1.0, description=(
         "an interval within keep_gain x [1 / (1 + margin), 1 + margin] means no difference: the trial stops and "

@@ -143,12 +143,12 @@ def test_the_looks_spend_exactly_the_error_rate_and_the_later_looks_spend_more()
 
 
 def test_a_look_whose_pairs_cannot_reach_its_share_is_planned_out_and_spends_nothing():
-    # The default policy looks every 10 pairs, 7 times. Look 1's share in proportion (1/28 of 1 %: 0.018 % a side)
-    # is below 2^-10, the smallest one-sided p of 10 pairs: it is planned out, and looks 2..7 share the whole 1 %.
+    # 7 looks, every 10 pairs, at confidence 0.99: look 1's share in proportion (1/28 of 1 %: 0.018 % a side) is
+    # below 2^-10, the smallest one-sided p of 10 pairs: it is planned out, and looks 2..7 share the whole 1 %.
     shares = look_shares(7, 10, 0.01)
     assert shares[0] == 0.0 and math.isclose(sum(shares), 0.01)
     assert all(2.0 ** -(10 * look) < share / 2 for look, share in enumerate(shares[1:], start=2))
-    judge, rng = SwitchbackJudge(JudgePolicy(min_samples=10, max_blocks=140), 1.0), np.random.default_rng(13)
+    judge, rng = SwitchbackJudge(JudgePolicy(confidence=0.99, min_samples=10, max_blocks=140), 1.0), np.random.default_rng(13)
     judge.add(blocks(0.5, 0.01, 20, rng))
     first = judge.look()
     assert first.look == 1 and not first.decided and first.look_confidence == 1.0
