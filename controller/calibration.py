@@ -1,9 +1,11 @@
 """A calibrated what-if: the goodput model's predicted gains, checked against what switchback trials measured.
 
-Each kind of change (draft_len, spec_method, ...) keeps the log ratios measured / predicted of its recent trials. A
-new prediction is corrected by their median (the kind's bias), shrunk toward a prior that halves the predicted
-gain while few trials back the median: the model has been optimistic (it sees neither contention nor the cost of a
-rejected draft), and an uncorrected optimism sends the controller into trials that lose.
+The model's error grows with the gain it predicts (it sees neither contention nor every cost of a rejected draft),
+so it is corrected as a shrink of the predicted log gain: calibrated = raw ^ beta. Each kind of change (draft_len,
+spec_method, ...) keeps, for its recent trials, the shrink that would have been exact, log(measured) / log(raw); a
+new prediction uses their median, pulled toward a prior shrink while few trials back it. A predicted gain of
+almost nothing says nothing about the shrink, so such trials are not counted. An uncorrected optimism sends the
+controller into trials that lose.
 """
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-MEMORY = 20              # trials per kind the bias is estimated from
-PRIOR_TRIALS = 2         # weight of the prior against the measured bias, in trials
-PRIOR_SHRINK = 0.5       # the prior: a predicted log gain is halved
+MEMORY = 20              # trials per kind the shrink is estimated from
+PRIOR_TRIALS = 2         # weight of the prior against the measured shrink, in trials
+PRIOR_SHRINK = 0.7       # the prior beta: the median exact shrink of the 12 predicted trials in two controller bench
+                         # runs (results/controller*, 0.7 rounded; their spread: -0.5 to 1.6)
+MIN_LOG_GAIN = 0.02      # trials predicted within 2 % of no change do not inform the shrink
 
 
 @dataclass(frozen=True)
@@ -34,12 +38,12 @@ class Calibration:
         self._checks: deque[Check] = deque(maxlen=10 * MEMORY)
 
     def corrected(self, kind: str, raw: float) -> float:
-        """raw corrected by kind's measured bias (in log space), shrunk toward the prior."""
+        """raw ^ beta, beta: kind's median measured shrink, pulled toward the prior by PRIOR_TRIALS."""
         with self._lock:
-            logs = [math.log(c.measured / c.raw) for c in self._checks if c.kind == kind][-MEMORY:]
-        prior = -PRIOR_SHRINK * math.log(raw)
-        bias = (sum([prior] * PRIOR_TRIALS) + len(logs) * statistics.median(logs or [0.0])) / (PRIOR_TRIALS + len(logs))
-        return raw * math.exp(bias)
+            betas = [math.log(c.measured) / math.log(c.raw) for c in self._checks
+                     if c.kind == kind and abs(math.log(c.raw)) >= MIN_LOG_GAIN][-MEMORY:]
+        measured = len(betas) * statistics.median(betas) if betas else 0.0
+        return raw ** ((PRIOR_TRIALS * PRIOR_SHRINK + measured) / (PRIOR_TRIALS + len(betas)))
 
     def record(self, kind: str, raw: float, predicted: float, measured: float) -> None:
         if raw > 0 and predicted > 0 and measured > 0:

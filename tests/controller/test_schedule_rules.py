@@ -1,11 +1,10 @@
 """The controller learns k per batch band and the drafter, on calibrated predictions: schedule arithmetic, the
 calibration's correction of an optimistic model, and the rules' proposals from the engine's own Window type."""
-import math
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from controller.calibration import Calibration
+from controller.calibration import PRIOR_SHRINK, PRIOR_TRIALS, Calibration
 from controller.counters import PrometheusCounters
 from controller.rule_policy import RulePolicy
 from controller.schedule import band_batch_sizes, learned, with_bands
@@ -39,6 +38,16 @@ def test_learning_a_band_keeps_the_bands_already_learned():
     assert [third.draft_len_for(b) for b in (1, 2, 3, 5, 6, 11, 12, 22, 5000)] == [8, 5, 5, 5, 5, 5, 2, 2, 5]
 
 
+def test_calibration_learns_a_shrink_of_the_predicted_gain_that_holds_for_smaller_predictions():
+    calibration = Calibration()
+    for _ in range(10):                                 # 1.4x predicted, measured half the log gain: 1.4 ** 0.5
+        calibration.record("draft_len", 1.4, calibration.corrected("draft_len", 1.4), measured=1.4 ** 0.5)
+    calibration.record("draft_len", 1.01, 1.01, measured=0.5)    # a gain of almost nothing says nothing of the shrink
+    beta = (PRIOR_TRIALS * PRIOR_SHRINK + 10 * 0.5) / (PRIOR_TRIALS + 10)
+    assert beta == pytest.approx(0.533, abs=1e-3)
+    assert calibration.corrected("draft_len", 1.1) == pytest.approx(1.1 ** beta)      # above 1: not over-corrected
+
+
 def test_calibration_learns_the_models_bias_and_reports_it():
     calibration = Calibration()
     assert 1.0 < calibration.corrected("draft_len", 1.2) < 1.2            # the prior already shrinks toward 1
@@ -46,7 +55,7 @@ def test_calibration_learns_the_models_bias_and_reports_it():
         raw = 1.2
         calibration.record("draft_len", raw, calibration.corrected("draft_len", raw), measured=0.9)
     assert calibration.corrected("draft_len", 1.2) < 1.0                  # measured 0.9 for 1.2 predicted, 10 times
-    assert calibration.corrected("spec_method", 1.2) == pytest.approx(math.sqrt(1.2))   # another kind: prior only
+    assert calibration.corrected("spec_method", 1.2) == pytest.approx(1.2 ** PRIOR_SHRINK)   # another kind: prior only
     summary = calibration.summary()
     assert summary["trials"] == 10 and summary["raw_over_predicted_share"] == 1.0
     assert summary["raw_median_abs_error"] == pytest.approx(0.25)
