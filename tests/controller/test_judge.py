@@ -195,9 +195,9 @@ def test_too_few_pairs_are_never_slower():
 
 
 def accepting_blocks(cost_ratio: float, count: int, rng) -> list[Block]:
-    """Blocks of 2 steps at batch 2 (the default block_steps under light load) whose drafts are accepted by chance (1 to
-    5 tokens per sequence-step, the same distribution on both arms), the candidate's steps cost_ratio x as long,
-    with a little timing noise."""
+    """Blocks of 2 steps at batch 2 (light load) whose drafts are accepted by chance (1 to 5 tokens per
+    sequence-step, the same distribution on both arms), the candidate's steps cost_ratio x as long, with a little
+    timing noise."""
     out = []
     for index in range(count):
         arm = ORDER[index % 4]
