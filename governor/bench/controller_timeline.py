@@ -67,11 +67,14 @@ def figure(arms: dict[str, dict], specs, policy: Policy, controller: str):
 
 
 def _config_timeline(axes, arm: dict, total: float) -> None:
-    """The configs the controller kept, as labelled spans; its switchback trials as ticks."""
+    """The configs the controller kept during the measured pass, as labelled spans (the first: what it kept from
+    its earlier passes, if any); its switchback trials as ticks."""
     started = arm["result"].started_at
     kept = [a for a in arm["applies"] if not a["trial"]]
-    trials = [a["time"] - started for a in arm["applies"] if a["trial"]]
-    spans = [(0.0, "start: default config")] + [(a["time"] - started, a["config"]) for a in kept]
+    learned = [a["config"] for a in kept if a["time"] < started]
+    trials = [a["time"] - started for a in arm["applies"] if a["trial"] and a["time"] >= started]
+    spans = [(0.0, f"from the earlier passes: {learned[-1]}" if learned else "start: default config")]
+    spans += [(a["time"] - started, a["config"]) for a in kept if a["time"] >= started]
     for i, (begin, text) in enumerate(spans):
         end = spans[i + 1][0] if i + 1 < len(spans) else total
         axes.barh(0, end - begin, left=begin, height=0.6, color=f"C{i % 10}", alpha=0.5)

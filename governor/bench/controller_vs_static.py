@@ -3,7 +3,10 @@
 The workload (governor/bench/adaptation_workload.py) runs phases whose best config differs, with closed-loop
 clients. Each arm (plain decoding, the model's drafter at k = 2, 4 and 8, and the controller starting from the
 model's default config, as `governor serve` would) serves the whole workload on a fresh engine; the per-phase
-oracle is the best static arm in each phase of the same repetition.
+oracle is the best static arm in each phase of the same repetition. Production load recurs (the same tenants, the
+same hours), and what the controller learns (k per batch band, the drafter, its calibration) is meant to be reused:
+so the controller serves the workload --passes times in a row, keeping what it learned, and is measured on the
+last pass; its first pass, from nothing learned, is reported beside it (controller_first_pass_vs_oracle).
 The whole run is repeated (--repetitions, >= 3 for the full run) with the arm order rotated each time (a Latin
 square: every arm runs in every position), and each ratio is reported as its mean over the repetitions with a 95 %
 Student-t interval. Writes controller.json (summary, per repetition figures, the controller's decisions and its
@@ -52,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--phase-seconds", type=float, default=20.0, help="length of each of the four phases")
     parser.add_argument("--repetitions", type=report.int_in(1, 20), default=3,
                         help="whole runs, the arm order rotated each time")
+    parser.add_argument("--passes", type=report.int_in(1, 10), default=2,
+                        help="times the controller serves the workload in a row (it keeps what it learned); "
+                             "goodput is the last pass's")
     parser.add_argument("--max-tokens", type=report.int_in(1, 128), default=48)
     parser.add_argument("--policy", default="responsive", help="the controller's policy file or shipped name")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for controller.json/.png")
@@ -74,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         arms = {}
         for position, name in enumerate(order):
             report.progress(f"repetition {rep + 1}/{args.repetitions}, arm {position + 1}/{len(order)}: {name}")
-            arms[name] = _run_arm(static.get(name), models, specs, policy)
+            arms[name] = _run_arm(static.get(name), models, specs, policy, args.passes)
         repetitions.append({"order": order, "arms": arms})
     data = _report(repetitions, specs, policy, args)
     verdicts = [f"{key}: {s['mean']:.3f} (95% CI {s['ci95'][0]:.3f}-{s['ci95'][1]:.3f}) vs {TARGETS[key]:.2f} -> "
@@ -92,8 +98,9 @@ def static_arms(spec_method: str, ks: tuple[int, ...]) -> dict[str, EngineConfig
             **{f"{spec_method} k={k}": EngineConfig(spec_method=spec_method, draft_len=k) for k in ks}}
 
 
-def _run_arm(config: EngineConfig | None, models, specs, policy: Policy) -> dict:
-    """A static config, or (None) the controller starting from the model's default config."""
+def _run_arm(config: EngineConfig | None, models, specs, policy: Policy, passes: int) -> dict:
+    """A static config, or (None) the controller starting from the model's default config and serving the workload
+    passes times: its result is the last pass's, its first_pass the first's."""
     engine = Engine(models.target, models.tokenizer, models.draft,
                     config or EngineConfig(spec_method=models.spec_method))
     if config is not None:
@@ -105,23 +112,25 @@ def _run_arm(config: EngineConfig | None, models, specs, policy: Policy) -> dict
         client.applies.clear()                # the first-start apply re-labels the same knobs; not a change
         controller.start()
         try:
-            result = run_closed_loop(engine, specs)
+            results = [run_closed_loop(engine, specs) for _ in range(passes)]
         finally:
             controller.stop()
         decisions = list(reversed(controller.store.decisions(10_000)))
         checks = [check.__dict__ for check in controller.calibration.checks()]
-    return {"result": result, "applies": client.applies, "decisions": decisions, "checks": checks}
+    return {"result": results[-1], "first_pass": results[0], "applies": client.applies, "decisions": decisions,
+            "checks": checks}
 
 
-def _figures(arm: dict, specs, policy: Policy) -> dict:
-    result: RunResult = arm["result"]
+def _figures(arm: dict, specs, policy: Policy, result_key: str = "result") -> dict:
+    result: RunResult = arm[result_key]
     per_phase = goodput(result, specs, policy.slo.ttft_p99_seconds, policy.slo.inter_token_p99_seconds)
     total = sum(spec.seconds for spec in specs)
     return {"phases": per_phase, "overall": sum(per_phase[s.name] * s.seconds for s in specs) / total,
             "requests": len(result.records), "finished": sum(r.finished is not None for r in result.records)}
 
 
-def _ratios(figures: dict[str, dict], specs) -> dict:
+def _ratios(figures: dict[str, dict], first_pass: dict, specs) -> dict:
+    """figures: per arm, the controller's last pass; first_pass: the controller's first."""
     static = [name for name in figures if name != CONTROLLER]
     total = sum(spec.seconds for spec in specs)
     oracle_arms = {s.name: max(static, key=lambda n: figures[n]["phases"][s.name]) for s in specs}
@@ -133,6 +142,7 @@ def _ratios(figures: dict[str, dict], specs) -> dict:
             "controller_vs_oracle": _ratio(ctl["overall"], oracle),
             "controller_vs_best_static": _ratio(ctl["overall"], figures[best_static]["overall"]),
             "low_acceptance_phase_vs_plain": _ratio(ctl["phases"][LOW_ACCEPTANCE_PHASE], low),
+            "controller_first_pass_vs_oracle": _ratio(first_pass["overall"], oracle),
             "oracle_arms": oracle_arms, "oracle_goodput": oracle, "best_static": best_static}
 
 
@@ -169,11 +179,14 @@ def _report(repetitions: list[dict], specs, policy: Policy, args: argparse.Names
     for rep in repetitions:
         figures = {name: _figures(arm, specs, policy) for name, arm in rep["arms"].items()}
         ctl = rep["arms"][CONTROLLER]
-        runs.append({"order": rep["order"], "arms": figures, "ratios": _ratios(figures, specs),
+        first_pass = _figures(ctl, specs, policy, "first_pass")
+        runs.append({"order": rep["order"], "arms": figures, "controller_first_pass": first_pass,
+                     "ratios": _ratios(figures, first_pass, specs),
                      "controller": {"config_changes": len(ctl["applies"]), "applies": ctl["applies"],
                                     "decisions": [_decision(d, ctl["result"]) for d in ctl["decisions"]
                                                   if d["action"] != "no_data"]}})
-    summary = {key: _mean_ci([run["ratios"][key] for run in runs]) for key in TARGETS}
+    summary = {key: _mean_ci([run["ratios"][key] for run in runs])
+               for key in [*TARGETS, "controller_first_pass_vs_oracle"]}
     return {
         "benchmark": "controller", "command": report.command("governor bench controller", args), "model": args.model,
         "machine": report.machine(), "policy": args.policy,
@@ -181,7 +194,8 @@ def _report(repetitions: list[dict], specs, policy: Policy, args: argparse.Names
                     sorted({job.kind for job in s.jobs})} for s in specs],
         "goodput_definition": "output tokens delivered during the phase by requests with TTFT <= "
                               "slo.ttft_p99_seconds and mean inter-token gap <= slo.inter_token_p99_seconds, per "
-                              "second of phase; closed-loop clients",
+                              "second of phase; closed-loop clients; the controller's on the last of its passes",
+        "controller_passes": args.passes,
         "summary": {**summary, "repetitions": len(runs)},
         "targets": {key: {"target": value, "met": summary[key]["mean"] >= value} for key, value in TARGETS.items()},
         "calibration": _calibration(repetitions),
@@ -190,7 +204,8 @@ def _report(repetitions: list[dict], specs, policy: Policy, args: argparse.Names
 
 
 def _decision(row: dict, result: RunResult) -> dict:
-    """A decision, placed in seconds into the run (the store's timestamps are UTC)."""
+    """A decision, placed in seconds into the measured (last) pass; negative: an earlier pass (the store's
+    timestamps are UTC)."""
     at = dt.datetime.fromisoformat(str(row["at"]).replace("Z", "+00:00"))
     at = at if at.tzinfo else at.replace(tzinfo=dt.timezone.utc)
     return {"seconds": round(at.timestamp() - result.started_at, 2), "action": row["action"], "reason": row["reason"],
@@ -204,6 +219,9 @@ def _table(data: dict) -> str:
     for number, run in enumerate(data["repetitions"], 1):
         for name, arm in run["arms"].items():
             rows.append([str(number), name, *[f"{arm['phases'][p]:.1f}" for p in phase_names], f"{arm['overall']:.1f}"])
+        first = run["controller_first_pass"]
+        rows.append([str(number), "controller, first pass", *[f"{first['phases'][p]:.1f}" for p in phase_names],
+                     f"{first['overall']:.1f}"])
         rows.append([str(number), "oracle", *[run["ratios"]["oracle_arms"][p] for p in phase_names],
                      f"{run['ratios']['oracle_goodput']:.1f}"])
     return report.table(["rep", "arm", *[f"{p} tok/s" for p in phase_names], "overall"], rows)

@@ -49,10 +49,21 @@ def test_oracle_takes_the_best_static_arm_of_each_phase(data):
             assert static[arm] == max(static.values())
 
 
+def test_the_controller_is_measured_on_its_last_pass_and_its_first_is_reported(data):
+    assert data["controller_passes"] == 2
+    for run in data["repetitions"]:
+        assert list(run["controller_first_pass"]["phases"]) == PHASES
+        oracle = run["ratios"]["oracle_goodput"]
+        assert run["ratios"]["controller_first_pass_vs_oracle"] == run["controller_first_pass"]["overall"] / oracle
+    summary = data["summary"]["controller_first_pass_vs_oracle"]
+    assert summary["values"] == [run["ratios"]["controller_first_pass_vs_oracle"] for run in data["repetitions"]]
+
+
 def test_the_controller_record_and_its_calibration(data):
     for run in data["repetitions"]:
         controller = run["controller"]
         assert controller["decisions"][0]["action"] == "start"
+        assert controller["decisions"][0]["seconds"] < 0          # it started in the first pass
         assert controller["config_changes"] == len(controller["applies"])
     calibration = data["calibration"]
     assert calibration["predicted_trials"] == len(calibration["checks"])
