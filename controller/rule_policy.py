@@ -2,6 +2,7 @@
 switchback trial the loop judges; predicted gains are calibrated against what earlier trials measured."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,8 @@ class RuleState:
     """What the rules remember between windows."""
     models: dict[str, GoodputModel] = field(default_factory=lambda: {m: GoodputModel() for m in DRAFTERS})
     last_mode_probe: int = 0                             # window index of the last speculation on/off probe
+    fallback_probes_lost: int = 0                        # probes of plain decoding in a row that it lost, at ...
+    mode_probe_batch: float = 1.0                        # ... about this mean batch (the last mode probe's)
     last_drafter_probe: int = 0                          # window index of the last try of the other drafter
     rejected: dict[tuple, int] = field(default_factory=dict)   # (kind, value) -> window index it was reverted
     last_placement: int | None = None
@@ -53,11 +56,14 @@ class RulePolicy:
             self.state.unavailable.add(proposal.config.spec_method)
         if outcome != "kept":
             self.state.rejected[(proposal.kind, _value(proposal))] = window_index
+        if proposal.kind == "fallback_probe":
+            self.state.fallback_probes_lost = 0 if outcome == "kept" else self.state.fallback_probes_lost + 1
 
     def released(self, config: EngineConfig) -> None:
         """An operator's pin ended: probe the other speculation mode at the next window rather than after
         reprobe_windows (a pin that turned speculation off should not keep it off once lifted)."""
         self.state.last_mode_probe = -self.policy.speculation.reprobe_windows
+        self.state.fallback_probes_lost = 0
         self.state.rejected.pop(("speculation_probe", "speculation_probe"), None)
 
     def propose(self, current: EngineConfig, baseline: Window, window_index: int) -> Proposal | None:
@@ -78,10 +84,12 @@ class RulePolicy:
     # -- speculation on/off, by probing the other mode ------------------------------------------------------------
 
     def _mode_probe(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
-        spec = self.policy.speculation
-        if index - self.state.last_mode_probe < spec.reprobe_windows:
+        spec, state = self.policy.speculation, self.state
+        if abs(math.log2(max(baseline.batch_size_mean, 1.0) / state.mode_probe_batch)) >= 1:
+            state.fallback_probes_lost = 0               # the load moved: what the last probes found may not hold
+        if index - state.last_mode_probe < self.reprobe_wait(speculating=current.speculative_len > 0):
             return None
-        self.state.last_mode_probe = index
+        state.last_mode_probe, state.mode_probe_batch = index, max(baseline.batch_size_mean, 1.0)
         if current.speculative_len > 0:
             return Proposal(current.changed(spec_method="off"), "fallback_probe",
                             f"probe plain decoding: speculation stays only while it beats it by {spec.min_gain}x",
@@ -97,6 +105,18 @@ class RulePolicy:
         return Proposal(candidate, "speculation_probe", f"probe speculation at {schedule_text(candidate)}: re-enabled "
                         f"only if it beats plain decoding by {threshold:.3f}x (min_gain + hysteresis)",
                         keep_gain=threshold, inputs=self._inputs(current, baseline))
+
+    def reprobe_wait(self, speculating: bool) -> int:
+        """Windows between mode probes. While speculating: reprobe_windows, doubled for each probe of plain decoding
+        in a row that plain decoding lost, up to reprobe_backoff_max times; a shift of the mean batch by 2x or more
+        since the last probe, or a released pin, starts again from reprobe_windows. Speculation measures acceptance
+        at every step, so a shift in content at the same load is the goodput model's to catch (k 0 at a band where
+        plain decoding was measured). Plain decoding measures no drafts: probes of speculation keep to
+        reprobe_windows."""
+        spec = self.policy.speculation
+        if not speculating:
+            return spec.reprobe_windows
+        return spec.reprobe_windows * min(2 ** self.state.fallback_probes_lost, spec.reprobe_backoff_max)
 
     # -- k by batch band, from the goodput model ------------------------------------------------------------------
 

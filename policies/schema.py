@@ -39,6 +39,9 @@ class SpeculationPolicy(_Section):
     hysteresis: float = Field(0.05, ge=0.0, le=10.0,
                               description="re-enable only at a gain of min_gain + hysteresis")
     reprobe_windows: int = Field(10, ge=1, description="windows between probes of the other mode")
+    reprobe_backoff_max: int = Field(8, ge=1, le=1024, description=(
+        "while speculating, the wait between probes of plain decoding doubles after each one plain decoding "
+        "lost, up to this many times reprobe_windows; 1: every reprobe_windows"))
 
 
 class TrialPolicy(_Section):

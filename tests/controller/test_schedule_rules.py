@@ -167,3 +167,35 @@ def test_a_band_where_plain_decoding_measured_faster_gets_k_0_and_the_other_band
     assert proposal.kind == "draft_len" and proposal.predicted_gain > 1.05
     assert proposal.config.draft_len_for(16) == 0 and proposal.config.draft_len_for(1) == 4
     assert proposal.config.speculative_len == 4 and "<=1: 4, more: 0" in proposal.reason   # unmeasured bands: 0 too
+
+
+def test_probes_of_plain_decoding_that_keep_losing_back_off_until_the_load_moves():
+    policy = parse_policy({"speculation": {"reprobe_windows": 2, "reprobe_backoff_max": 4},
+                           "trial": {"retry_windows": 1}})             # only the backoff spaces the probes
+    rules = RulePolicy(policy)
+    rules.state.unavailable.add("ngram")                                 # no drafter trials in this test
+    current = EngineConfig(spec_method="draft_model", draft_len=4)
+    light = _window("draft_model", 4, batch=1, seconds_per_step=0.01, accepted=0.9)
+
+    def probes(windows: range, baseline: Window = light) -> list[int]:
+        found = []
+        for index in windows:
+            proposal = rules.propose(current, baseline, index)
+            if proposal is not None:
+                assert proposal.kind == "fallback_probe"
+                rules.finished(proposal, "reverted", None, index)      # plain decoding lost again
+                found.append(index)
+        return found
+
+    assert probes(range(1, 40)) == [2, 6, 14, 22, 30, 38]       # waits 4, 8, 8: at most 4 x reprobe_windows
+    assert probes(range(40, 46), _window("draft_model", 4, 4, 0.01, 0.9)) == [40, 44]   # batch 1 -> 4: from 2 again
+    rules.released(current)
+    assert rules.reprobe_wait(speculating=True) == 2
+    assert rules.reprobe_wait(speculating=False) == 2               # probes of speculation never back off
+    rules.state.fallback_probes_lost = 5
+    assert rules.reprobe_wait(speculating=False) == 2
+
+
+def test_a_bad_backoff_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="reprobe_backoff_max"):
+        parse_policy({"speculation": {"reprobe_backoff_max": 0}})
