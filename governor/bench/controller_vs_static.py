@@ -42,6 +42,7 @@ PLAIN = "plain"
 STATIC_KS = (2, 4, 8)
 CONTROLLER = "controller"
 KEPT = ("keep", "fallback", "reenable")
+TRIAL_ENDS = (*KEPT, "revert", "cut_short")
 TARGETS = {"oracle_vs_best_static": 1.15, "controller_vs_oracle": 0.95, "controller_vs_best_static": 1.10,
            "low_acceptance_phase_vs_plain": 0.98}
 
@@ -159,10 +160,14 @@ def _mean_ci(values: list[float]) -> dict:
 
 
 def _calibration(repetitions: list[dict]) -> dict:
-    """Over every trial of every controller run: the calibrated what-if against the switchback measurements."""
+    """Over every trial of every controller run: the calibrated what-if against the switchback measurements, and the
+    share of trials kept, of all (probes of the other mode and of an untried drafter included) and of those proposed
+    on a calibrated prediction."""
     checks = [c for rep in repetitions for c in rep["arms"][CONTROLLER]["checks"]]
-    trials = [d for rep in repetitions for d in rep["arms"][CONTROLLER]["decisions"] if d["action"] == "trial"]
-    kept = [d for rep in repetitions for d in rep["arms"][CONTROLLER]["decisions"] if d["action"] in KEPT]
+    decisions = [d for rep in repetitions for d in rep["arms"][CONTROLLER]["decisions"]]
+    trials = [d for d in decisions if d["action"] == "trial"]
+    kept = [d for d in decisions if d["action"] in KEPT]
+    ended = [d for d in decisions if d["action"] in TRIAL_ENDS and d["predicted_gain"] is not None]
 
     def errors(field: str) -> dict:
         if not checks:
@@ -171,7 +176,10 @@ def _calibration(repetitions: list[dict]) -> dict:
                 "over_predicted_share": sum(c[field] > c["measured"] for c in checks) / len(checks)}
     return {"predicted_trials": len(checks), "calibrated": errors("predicted"), "uncalibrated": errors("raw"),
             "trials_proposed": len(trials), "trials_kept": len(kept),
-            "kept_share": len(kept) / len(trials) if trials else None, "checks": checks}
+            "kept_share": len(kept) / len(trials) if trials else None,
+            "predicted_trials_ended": len(ended), "predicted_trials_kept": sum(d["action"] in KEPT for d in ended),
+            "predicted_kept_share": sum(d["action"] in KEPT for d in ended) / len(ended) if ended else None,
+            "checks": checks}
 
 
 def _report(repetitions: list[dict], specs, policy: Policy, args: argparse.Namespace) -> dict:

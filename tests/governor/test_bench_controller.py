@@ -68,6 +68,7 @@ def test_the_controller_record_and_its_calibration(data):
     calibration = data["calibration"]
     assert calibration["predicted_trials"] == len(calibration["checks"])
     assert calibration["trials_kept"] <= calibration["trials_proposed"]
+    assert calibration["predicted_trials_kept"] <= calibration["predicted_trials_ended"] <= calibration["trials_proposed"]
 
 
 def test_bad_policy_is_exit_2(tmp_path, capsys):
