@@ -9,12 +9,15 @@ so the controller serves the workload --passes times in a row, keeping what it l
 last pass; its first pass, from nothing learned, is reported beside it (controller_first_pass_vs_oracle).
 The whole run is repeated (--repetitions, >= 3 for the full run) with the arm order rotated each time (a Latin
 square: every arm runs in every position), and each ratio is reported as its mean over the repetitions with a 95 %
-Student-t interval. Writes controller.json (summary, per repetition figures, the controller's decisions and its
-calibration) and controller.png (goodput per arm over time, and the config the controller had in use).
+Student-t interval. The latency bounds (the controller's SLO and goodput's) are scaled by how much slower than the
+reference machine this one serves the prose-hot phase with plain decoding, so that a slow machine is not tested at
+the SLO's edge (--slo-scale). Writes controller.json (summary, per repetition figures, the controller's decisions
+and its calibration) and controller.png (goodput per arm over time, and the config the controller had in use).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import statistics
 import tempfile
@@ -43,6 +46,10 @@ STATIC_KS = (2, 4, 8)
 CONTROLLER = "controller"
 KEPT = ("keep", "fallback", "reenable")
 TRIAL_ENDS = (*KEPT, "revert", "cut_short")
+REFERENCE_PROSE_TOKENS_PER_SECOND = 174.6   # plain decoding in prose-hot on the machine the workload was sized on
+                                            # (2026-12-04, commit 290263b: the mean of 3 repetitions, README)
+SPEED_PROBE_SECONDS = 8.0
+MAX_SLO_SCALE = 100.0
 TARGETS = {"oracle_vs_best_static": 1.15, "controller_vs_oracle": 0.95, "controller_vs_best_static": 1.10,
            "low_acceptance_phase_vs_plain": 0.98}
 
@@ -61,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "goodput is the last pass's")
     parser.add_argument("--max-tokens", type=report.int_in(1, 128), default=48)
     parser.add_argument("--policy", default="responsive", help="the controller's policy file or shipped name")
+    parser.add_argument("--slo-scale", type=_slo_scale, default=None, metavar="auto|X",
+                        help="multiply the policy's latency bounds (the controller's and goodput's) by X; auto "
+                             "(default): by how much slower than the reference machine this one serves prose-hot "
+                             "with plain decoding (at least 1), so that every machine is tested in the same regime")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for controller.json/.png")
 
 
@@ -73,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
         args.repetitions = min(args.repetitions, 2)
     models = load_models(args.model, device=torch.device("cpu"), dtype=torch.float32)
     specs = phases(models.tokenizer, args.phase_seconds, args.max_tokens)
+    speed = _machine_speed(models, specs, min(SPEED_PROBE_SECONDS, args.phase_seconds))
+    args.slo_scale = args.slo_scale or auto_slo_scale(speed)
+    policy = scaled_slo(policy, args.slo_scale)
+    report.progress(f"plain decoding serves prose-hot at {speed:.1f} tok/s here: latency bounds x{args.slo_scale:.2f}")
     static = static_arms(models.spec_method, STATIC_KS[-1:] if args.quick else STATIC_KS)
     names = [*static, CONTROLLER]
     repetitions = []
@@ -84,6 +99,10 @@ def run(args: argparse.Namespace) -> int:
             arms[name] = _run_arm(static.get(name), models, specs, policy, args.passes)
         repetitions.append({"order": order, "arms": arms})
     data = _report(repetitions, specs, policy, args)
+    data["slo"] = {"scale": args.slo_scale, "plain_prose_tokens_per_second": speed,
+                   "reference_prose_tokens_per_second": REFERENCE_PROSE_TOKENS_PER_SECOND,
+                   "inter_token_p99_seconds": policy.slo.inter_token_p99_seconds,
+                   "ttft_p99_seconds": policy.slo.ttft_p99_seconds}
     verdicts = [f"{key}: {s['mean']:.3f} (95% CI {s['ci95'][0]:.3f}-{s['ci95'][1]:.3f}) vs {TARGETS[key]:.2f} -> "
                 f"{'met' if s['mean'] >= TARGETS[key] else 'NOT met'}" for key, s in data["summary"].items()
                 if key in TARGETS]
@@ -91,6 +110,44 @@ def run(args: argparse.Namespace) -> int:
     report.write_results(args.out, "controller", data, figure(first, specs, policy, CONTROLLER),
                          "\n".join([_table(data), *verdicts]))
     return 0
+
+
+def _slo_scale(text: str) -> float | None:
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be auto or a number in 1..{MAX_SLO_SCALE:g}, got {text!r}") from None
+    if not 1.0 <= value <= MAX_SLO_SCALE:
+        raise argparse.ArgumentTypeError(f"must be auto or in 1..{MAX_SLO_SCALE:g}, got {text}")
+    return value
+
+
+def auto_slo_scale(plain_prose_tokens_per_second: float) -> float:
+    """How many times slower than the reference machine this one serves prose-hot: at least 1 (a faster machine
+    keeps the policy's bounds), at most MAX_SLO_SCALE."""
+    if plain_prose_tokens_per_second <= 0:
+        return MAX_SLO_SCALE
+    return min(MAX_SLO_SCALE, max(1.0, REFERENCE_PROSE_TOKENS_PER_SECOND / plain_prose_tokens_per_second))
+
+
+def _machine_speed(models, specs, seconds: float) -> float:
+    """Tokens per second plain decoding delivers in prose-hot (its concurrency, its requests) on this machine."""
+    prose = dataclasses.replace(next(s for s in specs if s.name == LOW_ACCEPTANCE_PHASE), seconds=seconds)
+    engine = Engine(models.target, models.tokenizer, models.draft, static_arms(models.spec_method, ())[PLAIN])
+    result = run_closed_loop(engine, [prose])
+    return sum(n for record in result.records for _, n in record.deliveries) / seconds
+
+
+def scaled_slo(policy: Policy, scale: float) -> Policy:
+    """policy with its latency bounds multiplied by scale: on a machine N times slower, the same workload at the same
+    concurrency takes N times as long per token, and unscaled bounds would test where requests fall off the SLO
+    rather than the configs (on a machine 3x slower, one arm measured 1.7-44.8 tok/s in prose-hot across runs)."""
+    slo = policy.slo
+    return policy.model_copy(update={"slo": slo.model_copy(update={
+        field: getattr(slo, field) * scale for field in ("inter_token_p99_seconds", "ttft_p99_seconds")
+        if getattr(slo, field) is not None})})
 
 
 def static_arms(spec_method: str, ks: tuple[int, ...]) -> dict[str, EngineConfig]:
@@ -201,8 +258,9 @@ def _report(repetitions: list[dict], specs, policy: Policy, args: argparse.Names
         "phases": [{"name": s.name, "concurrency": s.concurrency, "seconds": s.seconds, "requests_kinds":
                     sorted({job.kind for job in s.jobs})} for s in specs],
         "goodput_definition": "output tokens delivered during the phase by requests with TTFT <= "
-                              "slo.ttft_p99_seconds and mean inter-token gap <= slo.inter_token_p99_seconds, per "
-                              "second of phase; closed-loop clients; the controller's on the last of its passes",
+                              "slo.ttft_p99_seconds and mean inter-token gap <= slo.inter_token_p99_seconds (the "
+                              "policy's bounds x slo.scale, below), per second of phase; closed-loop clients; the "
+                              "controller's on the last of its passes",
         "controller_passes": args.passes,
         "summary": {**summary, "repetitions": len(runs)},
         "targets": {key: {"target": value, "met": summary[key]["mean"] >= value} for key, value in TARGETS.items()},

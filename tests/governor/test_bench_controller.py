@@ -1,6 +1,10 @@
 """`governor bench controller --quick`: closed-loop phases, repetitions with the arm order rotated, each ratio as a
 mean with a 95 % interval, the controller's calibration, and a timeline PNG (targets reported, not checked)."""
+import pytest
+
+from governor.bench.controller_vs_static import REFERENCE_PROSE_TOKENS_PER_SECOND, auto_slo_scale
 from governor.cli import main
+from policies import load_policy
 
 BENCH = ["controller", "--quick"]
 RESULT = "controller"
@@ -74,3 +78,23 @@ def test_the_controller_record_and_its_calibration(data):
 def test_bad_policy_is_exit_2(tmp_path, capsys):
     assert main(["bench", "controller", "--quick", "--policy", "no-such-policy", "--out", str(tmp_path)]) == 2
     assert "--policy: no-such-policy" in capsys.readouterr().err
+
+
+def test_latency_bounds_are_scaled_to_this_machines_speed(data):
+    slo, responsive = data["slo"], load_policy("responsive").slo
+    assert slo["plain_prose_tokens_per_second"] > 0
+    assert slo["scale"] == auto_slo_scale(slo["plain_prose_tokens_per_second"]) >= 1.0
+    assert slo["inter_token_p99_seconds"] == responsive.inter_token_p99_seconds * slo["scale"]
+    assert slo["ttft_p99_seconds"] == responsive.ttft_p99_seconds * slo["scale"]
+
+
+def test_the_scale_is_how_many_times_slower_this_machine_is_never_below_one():
+    assert auto_slo_scale(REFERENCE_PROSE_TOKENS_PER_SECOND / 3) == pytest.approx(3.0)
+    assert auto_slo_scale(REFERENCE_PROSE_TOKENS_PER_SECOND * 2) == 1.0
+    assert auto_slo_scale(0.0) == 100.0
+
+
+def test_a_scale_below_one_is_refused_naming_the_flag(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "controller", "--quick", "--slo-scale", "0.5", "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and "--slo-scale" in capsys.readouterr().err
