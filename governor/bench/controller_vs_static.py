@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         args.repetitions = min(args.repetitions, 2)
     models = load_models(args.model, device=torch.device("cpu"), dtype=torch.float32)
     specs = phases(models.tokenizer, args.phase_seconds, args.max_tokens)
-    speed = _machine_speed(models, specs, min(SPEED_PROBE_SECONDS, args.phase_seconds))
+    speed = _machine_speed(models, specs, SPEED_PROBE_SECONDS / 2 if args.quick else SPEED_PROBE_SECONDS)
     args.slo_scale = args.slo_scale or auto_slo_scale(speed)
     policy = scaled_slo(policy, args.slo_scale)
     report.progress(f"plain decoding serves prose-hot at {speed:.1f} tok/s here: latency bounds x{args.slo_scale:.2f}")
