@@ -228,6 +228,7 @@ def _calibration(repetitions: list[dict]) -> dict:
     trials = [d for d in decisions if d["action"] == "trial"]
     kept = [d for d in decisions if d["action"] in KEPT]
     ended = [d for d in decisions if d["action"] in TRIAL_ENDS and d["predicted_gain"] is not None]
+    ended_kept = sum(d["action"] in KEPT for d in ended)
 
     def errors(field: str) -> dict:
         if not checks:
@@ -237,8 +238,8 @@ def _calibration(repetitions: list[dict]) -> dict:
     return {"predicted_trials": len(checks), "calibrated": errors("predicted"), "uncalibrated": errors("raw"),
             "trials_proposed": len(trials), "trials_kept": len(kept),
             "kept_share": len(kept) / len(trials) if trials else None,
-            "predicted_trials_ended": len(ended), "predicted_trials_kept": sum(d["action"] in KEPT for d in ended),
-            "predicted_kept_share": sum(d["action"] in KEPT for d in ended) / len(ended) if ended else None,
+            "predicted_trials_ended": len(ended), "predicted_trials_kept": ended_kept,
+            "predicted_kept_share": ended_kept / len(ended) if ended else None,
             "checks": checks}
 
 

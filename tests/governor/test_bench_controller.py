@@ -82,8 +82,7 @@ def test_bad_policy_is_exit_2(tmp_path, capsys):
 
 def test_latency_bounds_are_scaled_to_this_machines_speed(data):
     slo, responsive = data["slo"], load_policy("responsive").slo
-    assert slo["plain_prose_tokens_per_second"] > 0
-    assert slo["scale"] == auto_slo_scale(slo["plain_prose_tokens_per_second"]) >= 1.0
+    assert slo["scale"] == auto_slo_scale(slo["plain_prose_tokens_per_second"])    # the floor: the test below
     assert slo["inter_token_p99_seconds"] == responsive.inter_token_p99_seconds * slo["scale"]
     assert slo["ttft_p99_seconds"] == responsive.ttft_p99_seconds * slo["scale"]
 
