@@ -18,7 +18,7 @@ from controller.rule_policy import RulePolicy
 from controller.store import Pin, RollbackRow, Store
 from controller.strategy import Proposal, Strategy
 from controller.trial import Trial, candidate_breaches, incumbent_breaks_slo, speculation_gain
-from controller.window_stats import merge_windows, no_data_reason, slo_breaches, window_summary
+from controller.window_stats import merge_windows, no_data_reason, short_of_traffic, slo_breaches, window_summary
 from policies import Policy
 from seam import EngineConfig, Experiment, Window
 
@@ -75,7 +75,8 @@ class Controller:
         return self.policy.window.seconds / self.policy.window.checks
 
     def tick(self) -> None:
-        """One check: take the engine's window so far; every `checks` ticks a whole window is judged."""
+        """One check: take the engine's window so far; every `checks` ticks a whole window is judged (or, short of
+        traffic, every further `checks` ticks until it holds enough or reaches max_stretch windows)."""
         with self.lock:
             self._reconcile()
             part = self.client.snapshot()
@@ -83,9 +84,13 @@ class Controller:
             if self._trial is not None and self._trial_ended(part):
                 self._parts = []        # the next window measures the config the trial left in use
                 return
-            if len(self._parts) < self.policy.window.checks:
+            settings = self.policy.window
+            if len(self._parts) < settings.checks:
                 return
-            window, self._parts = merge_windows(self._parts), []
+            window = merge_windows(self._parts)
+            if short_of_traffic(window, self.policy) and len(self._parts) < settings.checks * settings.max_stretch:
+                return                  # the window goes on until it holds enough traffic to judge
+            self._parts = []
             self.window_index += 1
             self.latest = window
             self._on_window(window)
@@ -131,7 +136,7 @@ class Controller:
         trial_id = self.store.start_trial(self.strategy.name, config, self.current, proposal.predicted_gain,
                                           getattr(proposal.optuna_trial, "number", None))
         judge = SwitchbackJudge(settings, proposal.keep_gain, same_tokens=self.policy.trial.mode == "switchback"
-                                and same_tokens(self.current, config))
+                                and same_tokens(self.current, config), configs=(self.current, config))
         self._trial = Trial(trial_id, proposal, config, baseline, judge)
         self._decide("trial", proposal.reason, {**proposal.inputs, "kind": proposal.kind,
                                                 "keep_gain": proposal.keep_gain, "baseline": window_summary(baseline),

@@ -102,6 +102,11 @@ def tokens_per_busy_second(window: Window) -> float:
     return window.emitted_tokens / window.step_seconds if window.step_seconds > 0 else 0.0
 
 
+def short_of_traffic(window: Window, policy: Policy) -> bool:
+    """Fewer tokens or steps than a window needs to be judged."""
+    return window.emitted_tokens < policy.window.min_emitted_tokens or window.steps < policy.window.min_steps
+
+
 def no_data_reason(window: Window, policy: Policy) -> str | None:
     """Why this window holds too little traffic to be judged (or measured more than one config), or None."""
     if window.config_version == MIXED_VERSIONS and not window.arms:     # an Experiment's arms are measured apart

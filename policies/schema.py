@@ -22,6 +22,9 @@ class WindowPolicy(_Section):
     checks: int = Field(4, ge=1, le=60, description="SLO checks per window; a trial breaking the SLO is cut short")
     min_emitted_tokens: int = Field(200, ge=1, description="less traffic than this is 'no data': never judged")
     min_steps: int = Field(20, ge=1, description="fewer engine steps than this is 'no data'")
+    max_stretch: int = Field(4, ge=1, le=100, description=(
+        "a window short of min_emitted_tokens or min_steps goes on, up to this many times seconds, before it is "
+        "'no data': on a slow machine or under light traffic a window then holds enough to judge; 1: never"))
 
 
 class SLOPolicy(_Section):
