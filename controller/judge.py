@@ -183,11 +183,24 @@ def same_tokens(incumbent: EngineConfig, candidate: EngineConfig) -> bool:
     return drafting(incumbent) == drafting(candidate)
 
 
+def step_alike(incumbent: EngineConfig, candidate: EngineConfig, batch_size: int) -> bool:
+    """Would a step of batch_size sequences run the same under both configs? (Schedules that differ only at other
+    batch sizes: a pair of blocks at such batch sizes measures noise, not the change.)"""
+    def step(config: EngineConfig) -> tuple:
+        k = config.draft_len_for(batch_size)
+        common = (config.capacity_factor, config.placement)
+        return (config.spec_method, k, config.ngram_min, config.ngram_max, *common) if k else ("off", *common)
+    return step(incumbent) == step(candidate)
+
+
 class SwitchbackJudge:
-    def __init__(self, settings: JudgePolicy, keep_gain: float, same_tokens: bool = False):
+    def __init__(self, settings: JudgePolicy, keep_gain: float, same_tokens: bool = False,
+                 configs: tuple[EngineConfig, EngineConfig] | None = None):
         """same_tokens: both arms deliver the same tokens (see same_tokens()), and their blocks count the sequences
-        they stepped: the sample is sequences stepped per decode second rather than tokens per decode second."""
-        self.settings, self.keep_gain = settings, keep_gain
+        they stepped: the sample is sequences stepped per decode second rather than tokens per decode second.
+        configs: (incumbent, candidate); pairs whose blocks ran at batch sizes where the two step alike are left
+        out (a schedule changed at 16 sequences is judged on the steps of 12-22 sequences only)."""
+        self.settings, self.keep_gain, self.configs = settings, keep_gain, configs
         self.sample = "decode_sequence_steps_per_second" if same_tokens else "decode_tokens_per_second"
         self.looks = max(1, settings.max_blocks // (2 * settings.min_samples))
         self._shares = look_shares(self.looks, settings.min_samples, 1 - settings.confidence)
@@ -204,10 +217,17 @@ class SwitchbackJudge:
         out = []
         for (source, index), first in sorted(self._blocks.items()):
             second = self._blocks.get((source, index + 1))
-            if index % 2 or second is None or first.arm == second.arm:
+            if index % 2 or second is None or first.arm == second.arm or self._alike(first, second):
                 continue
             out.append((first, second) if first.arm == "incumbent" else (second, first))
         return out
+
+    def _alike(self, *blocks: Block) -> bool:
+        """Did both arms' blocks run at batch sizes where the two configs step alike?"""
+        if self.configs is None:
+            return False
+        sizes = [round(b.decode_batch_size) for b in blocks if b.decode_batch_size is not None]
+        return len(sizes) == len(blocks) and all(step_alike(*self.configs, size) for size in sizes)
 
     def pairs(self) -> list[tuple[Block, Block]]:
         """The pairs whose blocks both ran decode-only steps, an even number of them (AB and BA pairs alike, so a

@@ -9,7 +9,7 @@ import numpy as np
 
 from controller.calibration import Calibration
 from controller.goodput import GoodputModel, batch_band
-from controller.schedule import learned, schedule_text, with_schedule
+from controller.schedule import learned, schedule_text, with_bands, with_schedule
 from controller.strategy import Proposal
 from controller.window_stats import tokens_per_busy_second
 from engine.placement import Topology, balancedness, tokens_per_device
@@ -33,6 +33,7 @@ class RuleState:
     last_placement: int | None = None
     spec_method: str = "draft_model"                     # the method to re-enable speculation with
     k_schedule: DraftLenSchedule | None = None           # ... and the k by batch size it last ran with
+    band_k: dict[int, int] = field(default_factory=dict)   # band -> the k it drafted when plain decoding was probed
     unavailable: set[str] = field(default_factory=set)   # drafters the engine refused (e.g. no draft model)
 
 
@@ -84,27 +85,47 @@ class RulePolicy:
     # -- speculation on/off, by probing the other mode ------------------------------------------------------------
 
     def _mode_probe(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
+        """Probe the other speculation mode at the batch band the load is in: plain decoding there while this band
+        speculates (the other bands keep their k: speculation that stops paying at 16 sequences still pays at 1),
+        speculation while it does not."""
         spec, state = self.policy.speculation, self.state
         if abs(math.log2(max(baseline.batch_size_mean, 1.0) / state.mode_probe_batch)) >= 1:
             state.fallback_probes_lost = 0               # the load moved: what the last probes found may not hold
-        if index - state.last_mode_probe < self.reprobe_wait(speculating=current.speculative_len > 0):
+        band, speculating = _band(baseline), current.draft_len_for(_batch(baseline)) > 0
+        if index - state.last_mode_probe < self.reprobe_wait(speculating):
             return None
         state.last_mode_probe, state.mode_probe_batch = index, max(baseline.batch_size_mean, 1.0)
-        if current.speculative_len > 0:
-            return Proposal(current.changed(spec_method="off"), "fallback_probe",
-                            f"probe plain decoding: speculation stays only while it beats it by {spec.min_gain}x",
-                            keep_gain=1 / spec.min_gain, inputs=self._inputs(current, baseline))
-        schedule = self.state.k_schedule      # what speculation last ran with: judged, unlike the model's best
-        if schedule is None:
-            model, band = self._model(self.state.spec_method), _band(baseline)
-            k = model.best(self._reachable(model, band), band).k if model.ready(band) else \
-                current.draft_len or EngineConfig().draft_len
-            schedule = ((1, k),)
-        candidate = with_schedule(current.changed(spec_method=self.state.spec_method), schedule)
+        inputs = {**self._inputs(current, baseline), "band": band}
+        if speculating:
+            state.band_k[band] = current.draft_len_for(_batch(baseline))
+            candidate = _plain_at(current, band)
+            where = "" if candidate.spec_method == "off" else f" at batch band {band}"
+            return Proposal(candidate, "fallback_probe", f"probe plain decoding{where}: speculation stays only while "
+                            f"it beats it by {spec.min_gain}x ({schedule_text(candidate)})",
+                            keep_gain=1 / spec.min_gain, inputs=inputs)
+        if current.spec_method == "off":
+            candidate = with_schedule(current.changed(spec_method=state.spec_method), self._schedule_to_resume(
+                current, baseline))
+        else:                                            # this band fell back; the others speculate
+            k = state.band_k.get(band) or self._best_k(
+                current.spec_method, band, current.speculative_len or EngineConfig().draft_len)
+            candidate = with_bands(current, {band: k})
         threshold = spec.min_gain + spec.hysteresis
         return Proposal(candidate, "speculation_probe", f"probe speculation at {schedule_text(candidate)}: re-enabled "
                         f"only if it beats plain decoding by {threshold:.3f}x (min_gain + hysteresis)",
-                        keep_gain=threshold, inputs=self._inputs(current, baseline))
+                        keep_gain=threshold, inputs=inputs)
+
+    def _schedule_to_resume(self, current: EngineConfig, baseline: Window) -> DraftLenSchedule:
+        """What speculation last ran with (judged, unlike the model's best), else the model's best k at this band."""
+        if self.state.k_schedule is not None:
+            return self.state.k_schedule
+        return ((1, self._best_k(self.state.spec_method, _band(baseline),
+                                 current.draft_len or EngineConfig().draft_len)),)
+
+    def _best_k(self, method: str, band: int, otherwise: int) -> int:
+        """The k > 0 the goodput model of method predicts best at band, or otherwise before it measured the band."""
+        model = self._model(method)
+        return model.best(self._reachable(model, band), band).k if model.ready(band) else otherwise
 
     def reprobe_wait(self, speculating: bool) -> int:
         """Windows between mode probes. While speculating: reprobe_windows, doubled for each probe of plain decoding
@@ -239,6 +260,12 @@ class RulePolicy:
             for k in self._reachable(model, band) for p in [model.predict(k, band)]}
         return {"baseline_tokens_per_busy_second": round(tokens_per_busy_second(baseline), 2),
                 "model": model.describe(band), "predictions": predictions, "calibration": self.calibration.summary()}
+
+
+def _plain_at(config: EngineConfig, band: int) -> EngineConfig:
+    """config decoding plainly at band's batch sizes; speculation off when no band would draft any more."""
+    candidate = with_bands(config, {band: 0})
+    return candidate if candidate.speculative_len > 0 else config.changed(spec_method="off")
 
 
 def _band(window: Window) -> int:

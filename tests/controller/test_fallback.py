@@ -10,10 +10,11 @@ from tests.controller.conftest import fast_policy
 from tests.controller.traffic import GREEDY, ClosedLoopTraffic
 
 WINDOWS = 10
+LOAD = 4             # sequences in flight: ClosedLoopTraffic's concurrency below
 
 
 def _run(engine, controller, prompts, windows=WINDOWS):
-    with ClosedLoopTraffic(engine, prompts, concurrency=4):
+    with ClosedLoopTraffic(engine, prompts, concurrency=LOAD):
         controller.client.snapshot()
         for _ in range(windows):
             time.sleep(controller.policy.window.seconds)
@@ -31,7 +32,8 @@ def test_speculation_falls_back_once_when_it_cannot_meet_the_threshold_and_does_
     fallbacks, reenables = store.rows(Decision, action="fallback"), store.rows(Decision, action="reenable")
     probes = store.rows(Trial, policy="rules")
     assert len(fallbacks) == 1 and not reenables
-    assert controller.current.speculative_len == 0 and controller.last_known_good.speculative_len == 0
+    for config in (controller.current, controller.last_known_good):   # plain decoding at the load's batch band only
+        assert config.draft_len_for(LOAD) == 0 and config.draft_len_for(1) == 3
     measured = fallbacks[0]["inputs"]["speculation_gain_over_plain"]
     assert measured < 50.0
     assert fallbacks[0]["inputs"]["baseline"]["draft_len"] == 3 and fallbacks[0]["inputs"]["trial"]["draft_len"] == 0
@@ -49,7 +51,7 @@ def test_speculation_that_pays_stays_on(build, prompts):
     probes = [t for t in store.rows(Decision, action="revert") if t["inputs"]["kind"] == "fallback_probe"]
     assert probes and not store.rows(Decision, action="fallback")
     assert all(p["inputs"]["speculation_gain_over_plain"] >= 1.0 for p in probes)
-    assert controller.current.speculative_len > 0
+    assert controller.current.draft_len_for(LOAD) > 0
 
 
 # Measured on this machine (tokens per busy second, closed loop of 4, 48 tokens per request), n-gram drafting k=8 vs
@@ -60,7 +62,7 @@ MAX_WINDOWS_PER_PHASE = 16
 
 
 def _run_until(engine, controller, prompts, params, action):
-    with ClosedLoopTraffic(engine, prompts, concurrency=4, params=params):
+    with ClosedLoopTraffic(engine, prompts, concurrency=LOAD, params=params):
         controller.client.snapshot()
         for _ in range(MAX_WINDOWS_PER_PHASE):
             time.sleep(controller.policy.window.seconds)
@@ -81,13 +83,13 @@ def test_falls_back_on_hot_prose_where_prompt_lookup_loses_and_reenables_on_code
     fallback = controller.store.rows(Decision, action="fallback")
     assert len(fallback) == 1, controller.store.rows(Decision)
     assert fallback[0]["inputs"]["speculation_gain_over_plain"] < 1.0
-    assert engine.config.speculative_len == 0 and controller.last_known_good.speculative_len == 0
+    assert engine.config.draft_len_for(LOAD) == 0 and controller.last_known_good.draft_len_for(LOAD) == 0
 
     _run_until(engine, controller, prompts, GREEDY, "reenable")
     reenable = controller.store.rows(Decision, action="reenable")
     assert len(reenable) == 1, "\n".join(f"{d['action']}: {d['reason']}" for d in controller.store.rows(Decision))
     assert reenable[0]["inputs"]["judge"]["comparison"]["interval"][0] >= 1.02
-    assert engine.config.spec_method == "ngram" and controller.last_known_good.spec_method == "ngram"
+    assert engine.config.draft_len_for(LOAD) > 0 and controller.last_known_good.draft_len_for(LOAD) > 0
     assert controller.store.count(Decision, action="fallback") == 1
 
 
@@ -95,7 +97,7 @@ def test_releasing_a_pin_that_turned_speculation_off_probes_it_at_the_next_windo
     policy = fast_policy(speculation={"reprobe_windows": 1000}, trial={"min_predicted_gain": 100.0})
     engine, controller = build(policy, k=3)
     controller.disable_speculation("operator", "operator pins plain decoding")
-    with ClosedLoopTraffic(engine, prompts, concurrency=4):
+    with ClosedLoopTraffic(engine, prompts, concurrency=LOAD):
         engine.snapshot()
         for _ in range(2):
             time.sleep(controller.policy.window.seconds)

@@ -1,5 +1,6 @@
 """The switchback judge on synthetic per-block samples: each of its outcomes, early stopping, drift cancelling, and
 its A/A error rate over many trials staying within 1 - confidence."""
+import dataclasses
 import math
 
 import numpy as np
@@ -230,3 +231,20 @@ def test_same_tokens_means_the_same_drafting_and_capacity():
     assert not same_tokens(config, config.changed(draft_len_schedule=((1, 4), (2, 2))))
     assert not same_tokens(config, config.changed(spec_method="draft_model"))
     assert not same_tokens(config, config.changed(capacity_factor=2.0))
+
+
+def test_pairs_at_batch_sizes_where_the_two_configs_step_alike_are_left_out():
+    incumbent = EngineConfig(spec_method="ngram", draft_len=4)
+    candidate = incumbent.changed(draft_len_schedule=((11, 4), (22, 0), (1024, 4)))   # plain decoding at 12-22
+    judge = SwitchbackJudge(SETTINGS, 1.0, configs=(incumbent, candidate))
+
+    def at(batch: int, start: int, ratio: float) -> list[Block]:
+        return [dataclasses.replace(block, decode_steps=1, decode_sequences=batch)
+                for block in blocks(ratio, 0.02, 4, np.random.default_rng(start), start=start)]
+    judge.add(at(1, 0, 1.0) + at(1, 4, 1.0))                  # 1 sequence: the same k 4 under both
+    assert judge.pairs() == []
+    judge.add(at(16, 8, 1.5) + at(16, 12, 1.5))
+    assert len(judge.pairs()) == 4 and all(i.decode_batch_size == 16 for i, _ in judge.pairs())
+    unaware = SwitchbackJudge(SETTINGS, 1.0)
+    unaware.add(at(1, 0, 1.0) + at(16, 8, 1.5))
+    assert len(unaware.pairs()) == 4

@@ -199,3 +199,28 @@ def test_probes_of_plain_decoding_that_keep_losing_back_off_until_the_load_moves
 def test_a_bad_backoff_is_refused_naming_the_field():
     with pytest.raises(ValueError, match="reprobe_backoff_max"):
         parse_policy({"speculation": {"reprobe_backoff_max": 0}})
+
+
+def test_a_probe_of_plain_decoding_covers_the_band_the_load_is_in_and_speculation_returns_there_alone():
+    rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1}}))
+    rules.state.unavailable.add("draft_model")                           # no drafter trials in this test
+    current = EngineConfig(spec_method="ngram", draft_len_schedule=((1, 8), (1024, 4)))
+    heavy = _window("ngram", 4, batch=16, seconds_per_step=0.05, accepted=0.1)
+    probe = rules.propose(current, heavy, 1)
+    assert probe.kind == "fallback_probe" and "batch band 4" in probe.reason
+    fallen = probe.config                                                # kept: plain decoding at 12-22 sequences
+    assert [fallen.draft_len_for(b) for b in (1, 2, 11, 12, 22, 23)] == [8, 4, 4, 0, 0, 4]
+    rules.finished(probe, "kept", None, 1)
+    light = rules.propose(fallen, _window("ngram", 8, batch=1, seconds_per_step=0.01, accepted=0.9), 2)
+    assert light.kind == "fallback_probe" and light.config.draft_len_for(1) == 0   # batch 1 speculates: probed
+    back = rules.propose(fallen, _window("ngram", 0, batch=16, seconds_per_step=0.05, accepted=0.0), 3)
+    assert back.kind == "speculation_probe" and back.config.spec_method == "ngram"
+    assert [back.config.draft_len_for(b) for b in (1, 16)] == [8, 4]
+
+
+def test_a_probe_of_plain_decoding_where_no_other_band_drafts_turns_speculation_off():
+    rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1}}))
+    rules.state.unavailable.add("draft_model")
+    current = EngineConfig(spec_method="ngram", draft_len_schedule=((11, 0), (22, 4), (1024, 0)))
+    probe = rules.propose(current, _window("ngram", 4, batch=16, seconds_per_step=0.05, accepted=0.1), 1)
+    assert probe.kind == "fallback_probe" and probe.config.spec_method == "off" and "batch band" not in probe.reason
