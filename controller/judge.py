@@ -212,15 +212,25 @@ class SwitchbackJudge:
         for block in blocks:
             self._blocks[(block.source, block.index)] = block
 
-    def _complete_pairs(self) -> list[tuple[Block, Block]]:
-        """(incumbent, candidate) blocks of each pair whose two blocks have both closed."""
+    def _closed_pairs(self) -> list[tuple[Block, Block]]:
+        """(incumbent, candidate) blocks of each pair whose two blocks have both closed, in order."""
         out = []
         for (source, index), first in sorted(self._blocks.items()):
             second = self._blocks.get((source, index + 1))
-            if index % 2 or second is None or first.arm == second.arm or self._alike(first, second):
+            if index % 2 or second is None or first.arm == second.arm:
                 continue
             out.append((first, second) if first.arm == "incumbent" else (second, first))
         return out
+
+    def _complete_pairs(self) -> list[tuple[Block, Block]]:
+        """The closed pairs that can tell the two configs apart."""
+        return [pair for pair in self._closed_pairs() if not self._alike(*pair)]
+
+    def load_moved(self) -> bool:
+        """Did the last min_samples closed pairs all run where the two configs step alike? The load left the batch
+        sizes the trial changes, and waiting for it to come back would hold every other trial up."""
+        last = self._closed_pairs()[-self.settings.min_samples:]
+        return len(last) == self.settings.min_samples and all(self._alike(*pair) for pair in last)
 
     def _alike(self, *blocks: Block) -> bool:
         """Did both arms' blocks run at batch sizes where the two configs step alike?"""
@@ -255,9 +265,11 @@ class SwitchbackJudge:
 
     def look(self) -> Verdict | None:
         """A verdict at each planned look (every min_samples pairs), None between looks. The last look (max_blocks
-        reached) always decides: inconclusive if the evidence is not decisive by then."""
+        reached, or the load moved away from the batch sizes the trial changes) always decides: inconclusive if the
+        evidence is not decisive by then."""
         pairs, blocks = self.pairs(), len(self._blocks)
-        exhausted = blocks >= self.settings.max_blocks
+        moved = self.load_moved()
+        exhausted = blocks >= self.settings.max_blocks or moved
         if not exhausted and len(pairs) < (self._looked + 1) * self.settings.min_samples:
             return None
         self._looked += 1
@@ -279,7 +291,10 @@ class SwitchbackJudge:
                            self.keep_gain)
         outcome = outcome or INCONCLUSIVE
         comparison = compare(ratios, confidence)
-        return Verdict(outcome, self._reason(outcome, comparison, confidence, len(pairs), blocks), len(pairs), blocks,
+        reason = self._reason(outcome, comparison, confidence, len(pairs), blocks)
+        if moved and outcome == INCONCLUSIVE:
+            reason += f" (the last {self.settings.min_samples} pairs ran at batch sizes where both configs step alike)"
+        return Verdict(outcome, reason, len(pairs), blocks,
                        self._looked, self.looks, confidence, self.keep_gain, comparison, slope,
                        {"sample": self.sample, "incumbent": [round(x, 2) for x in incumbent],
                         "candidate": [round(x, 2) for x in candidate],

@@ -248,3 +248,21 @@ def test_pairs_at_batch_sizes_where_the_two_configs_step_alike_are_left_out():
     unaware = SwitchbackJudge(SETTINGS, 1.0)
     unaware.add(at(1, 0, 1.0) + at(16, 8, 1.5))
     assert len(unaware.pairs()) == 4
+
+
+def test_a_trial_whose_load_left_the_batch_sizes_it_changes_ends_at_once():
+    incumbent = EngineConfig(spec_method="ngram", draft_len=4)
+    candidate = incumbent.changed(draft_len_schedule=((11, 4), (22, 0), (1024, 4)))
+    judge = SwitchbackJudge(SETTINGS, 1.0, configs=(incumbent, candidate))
+
+    def at(batch: int, start: int) -> list[Block]:
+        return [dataclasses.replace(block, decode_steps=1, decode_sequences=batch)
+                for block in blocks(1.2, 0.3, 4, np.random.default_rng(start), start=start)]
+    judge.add(at(16, 0) + at(16, 4))                                      # 4 pairs at 16 sequences, then ...
+    for start in range(8, 8 + 2 * SETTINGS.min_samples - 4, 4):           # ... min_samples - 1 pairs at 1
+        judge.add(at(1, start))
+        assert judge.look() is None and not judge.load_moved()
+    judge.add(at(1, 8 + 2 * SETTINGS.min_samples - 4))
+    verdict = judge.look()
+    assert judge.load_moved() and verdict.outcome == INCONCLUSIVE and verdict.blocks < SETTINGS.max_blocks
+    assert "step alike" in verdict.reason and verdict.pairs == 4
