@@ -54,7 +54,8 @@ class TrialPolicy(_Section):
                              description="keep a trial when the judge's lower bound of candidate / incumbent "
                                          "decode throughput clears this")
     cooldown_windows: int = Field(0, ge=0, description="windows to wait after a rollback before the next trial")
-    retry_windows: int = Field(10, ge=1, description="windows before a reverted candidate may be tried again")
+    retry_windows: int = Field(10, ge=1, description="windows before a reverted candidate may be tried again (a "
+                                                     "drafter: at any k)")
     mode: Literal["switchback", "canary"] = Field(
         "switchback", description="switchback: every replica alternates candidate and incumbent; canary (with >= 2 "
                                   "replicas answering): canary_replicas run the candidate, judged against the others "

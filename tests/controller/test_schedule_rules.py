@@ -169,7 +169,7 @@ def test_a_band_where_plain_decoding_measured_faster_gets_k_0_and_the_other_band
     assert proposal.config.speculative_len == 4 and "<=1: 4, more: 0" in proposal.reason   # unmeasured bands: 0 too
 
 
-def test_probes_of_plain_decoding_that_keep_losing_back_off_until_the_load_moves():
+def test_probes_of_plain_decoding_that_keep_losing_back_off_at_their_batch_band():
     policy = parse_policy({"speculation": {"reprobe_windows": 2, "reprobe_backoff_max": 4},
                            "trial": {"retry_windows": 1}})             # only the backoff spaces the probes
     rules = RulePolicy(policy)
@@ -188,12 +188,13 @@ def test_probes_of_plain_decoding_that_keep_losing_back_off_until_the_load_moves
         return found
 
     assert probes(range(1, 40)) == [2, 6, 14, 22, 30, 38]       # waits 4, 8, 8: at most 4 x reprobe_windows
-    assert probes(range(40, 46), _window("draft_model", 4, 4, 0.01, 0.9)) == [40, 44]   # batch 1 -> 4: from 2 again
+    assert probes(range(40, 46), _window("draft_model", 4, 4, 0.01, 0.9)) == [40, 44]   # batch 4: from 2 again
+    assert probes(range(46, 60)) == [52]                        # back at batch 1: its backoff held (8 after 44)
     rules.released(current)
-    assert rules.reprobe_wait(speculating=True) == 2
-    assert rules.reprobe_wait(speculating=False) == 2               # probes of speculation never back off
-    rules.state.fallback_probes_lost = 5
-    assert rules.reprobe_wait(speculating=False) == 2
+    assert rules.reprobe_wait(speculating=True, band=0) == 2
+    assert rules.reprobe_wait(speculating=False, band=0) == 2       # probes of speculation never back off
+    rules.state.fallback_probes_lost[0] = 5
+    assert rules.reprobe_wait(speculating=False, band=0) == 2
 
 
 def test_a_bad_backoff_is_refused_naming_the_field():
@@ -224,3 +225,18 @@ def test_a_probe_of_plain_decoding_where_no_other_band_drafts_turns_speculation_
     current = EngineConfig(spec_method="ngram", draft_len_schedule=((11, 0), (22, 4), (1024, 0)))
     probe = rules.propose(current, _window("ngram", 4, batch=16, seconds_per_step=0.05, accepted=0.1), 1)
     assert probe.kind == "fallback_probe" and probe.config.spec_method == "off" and "batch band" not in probe.reason
+
+
+def test_a_drafter_that_lost_is_not_tried_again_at_any_k_within_retry_windows():
+    rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1000, "k_max": 4},
+                                     "trial": {"retry_windows": 5}}))
+    current = EngineConfig(spec_method="draft_model", draft_len=4)
+    light = _window("draft_model", 4, batch=1, seconds_per_step=0.02, accepted=0.9)
+    rules.observe(light)
+    rules.observe(_window("ngram", 4, batch=1, seconds_per_step=0.012, accepted=0.9))
+    switch = rules.propose(current, light, 1)
+    assert switch.kind == "spec_method" and switch.config.spec_method == "ngram"
+    rules.finished(switch, "inconclusive", None, 1)
+    assert list(rules.state.rejected) == [("spec_method", "ngram")]       # the drafter, not the drafter at k 4
+    assert all(p is None or p.kind != "spec_method" for p in (rules.propose(current, light, i) for i in range(2, 6)))
+    assert rules.propose(current, light, 6).kind == "spec_method"
