@@ -75,8 +75,8 @@ class Controller:
         return self.policy.window.seconds / self.policy.window.checks
 
     def tick(self) -> None:
-        """One check: take the engine's window so far; every `checks` ticks a whole window is judged (or, short of
-        traffic, every further `checks` ticks until it holds enough or reaches max_stretch windows)."""
+        """One check: take the engine's window so far; every `checks` ticks a whole window is judged (a window short
+        of traffic goes on to the first later check where it holds enough, for at most max_stretch windows)."""
         with self.lock:
             self._reconcile()
             part = self.client.snapshot()
