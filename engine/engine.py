@@ -23,7 +23,7 @@ from engine.placement import PlacementError, Topology, check_placement, identity
 from engine.sampling import probs_from_logits, uniforms
 from engine.scheduler import Scheduled, Scheduler
 from engine.sequence import Sequence
-from engine.switchback import Switchback
+from engine.switchback import ORDER, Switchback
 from engine.telemetry import StepRecord, Telemetry, TelemetrySink
 from engine.tokenizer import Tokenizer
 from engine.transformer import Transformer
@@ -114,10 +114,14 @@ class Engine:
 
     @property
     def desired_config(self) -> EngineConfig:
-        """The config the engine serves from its next step on: the one applied last (while an experiment runs, the
-        arm in use)."""
+        """The config the engine serves from its next step on: the one applied last (an Experiment not yet begun: the
+        arm of its first block; one running: the arm in use). Not the config of the last step: between an apply and
+        the next step, which can take seconds, that is one the controller has already replaced."""
         with self._config_lock:
-            return self._pending if isinstance(self._pending, EngineConfig) else self.config
+            pending = self._pending
+        if isinstance(pending, Experiment):
+            return getattr(pending, ORDER[0])
+        return pending or self.config
 
     def check(self, config: EngineConfig) -> None:
         """Raise RequestError if this engine cannot serve config; changes nothing."""

@@ -85,3 +85,18 @@ def test_an_experiment_the_engine_cannot_run_is_refused(moe_models):
     engine.model_drafter = None
     with pytest.raises(RequestError, match="spec_method"):
         engine.apply(Experiment(incumbent=PLAIN, candidate=DRAFT))
+
+
+def test_the_config_reported_is_the_one_applied_last_before_any_step_takes_it(moe_models):
+    # A rollback (apply) and a new trial's Experiment right after it, with no step between: the version the engine
+    # reports must be one the controller intends (the Experiment's first arm), not the config its last step ran.
+    engine = make_engine(moe_models, NGRAM)
+    engine.apply(DRAFT)
+    assert engine.desired_config == DRAFT
+    engine.apply(Experiment(incumbent=DRAFT, candidate=PLAIN, block_steps=1))
+    assert engine.desired_config == DRAFT
+    engine.add_request("r", code_prompts(moe_models.tokenizer, 1)[0], SHORT)
+    engine.step()
+    assert engine.config == DRAFT and engine.desired_config == DRAFT      # ABBA: the incumbent's block first
+    engine.step()
+    assert engine.desired_config == PLAIN                                  # the arm in use
