@@ -39,7 +39,7 @@ def served(moe_models, tmp_path):
                     EngineLimits(kv_cache_tokens=1024), sinks=[metrics, live])
     service = EngineService(engine)
     policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(fast_policy()))
+    policy.write_text(yaml.safe_dump(fast_policy(window={"max_stretch": 1})))   # one idle tick closes a window
     plane = build_control_plane(InProcessClient(engine), str(policy), f"sqlite:///{tmp_path / 'g.db'}", TOKEN)
     app = create_app(service, "governor-moe", TOKEN, metrics=metrics, admin_router=plane.router)
     app.include_router(create_dashboard_router(live, lambda: engine.config, plane.controller))
