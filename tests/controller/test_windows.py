@@ -14,10 +14,16 @@ def _emit(engine, prompt, tokens: int, request_id: str) -> None:
         engine.step()
 
 
-def test_a_window_short_of_traffic_goes_on_until_it_holds_enough(build, prompts):
-    policy = fast_policy(window={"min_emitted_tokens": 40, "min_steps": 5, "max_stretch": 3}, **QUIET)
+def _idle_controller(build, max_stretch: int):
+    """Plain decoding, no traffic yet, windows of one check that need 40 tokens and 5 steps."""
+    policy = fast_policy(window={"min_emitted_tokens": 40, "min_steps": 5, "max_stretch": max_stretch}, **QUIET)
     engine, controller = build(policy, k=0)
     controller.client.snapshot()
+    return engine, controller
+
+
+def test_a_window_short_of_traffic_goes_on_until_it_holds_enough(build, prompts):
+    engine, controller = _idle_controller(build, max_stretch=3)
     _emit(engine, prompts[0], 24, "a")
     controller.tick()
     assert controller.window_index == 0 and controller.latest is None          # 24 tokens: the window goes on
@@ -29,9 +35,7 @@ def test_a_window_short_of_traffic_goes_on_until_it_holds_enough(build, prompts)
 
 
 def test_a_window_that_stays_short_to_its_longest_is_no_data_once(build, prompts):
-    policy = fast_policy(window={"min_emitted_tokens": 40, "min_steps": 5, "max_stretch": 3}, **QUIET)
-    engine, controller = build(policy, k=0)
-    controller.client.snapshot()
+    engine, controller = _idle_controller(build, max_stretch=3)
     for _ in range(2):
         controller.tick()
     assert controller.window_index == 0 and not controller.store.rows(Decision, action="no_data")
@@ -44,9 +48,7 @@ def test_a_window_that_stays_short_to_its_longest_is_no_data_once(build, prompts
 
 
 def test_without_stretch_a_short_window_is_no_data_at_once(build, prompts):
-    policy = fast_policy(window={"min_emitted_tokens": 40, "min_steps": 5, "max_stretch": 1}, **QUIET)
-    engine, controller = build(policy, k=0)
-    controller.client.snapshot()
+    engine, controller = _idle_controller(build, max_stretch=1)
     _emit(engine, prompts[0], 24, "a")
     controller.tick()
     assert controller.window_index == 1 and controller.latest.emitted_tokens == 24
