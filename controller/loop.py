@@ -317,22 +317,32 @@ class Controller:
         return trial.id
 
     def _evaluate_slo(self, window: Window) -> None:
-        """Raise the built-in alert while the window breaks the SLO. It asks for a rollback, unless a trial is running
-        and the incumbent's own blocks break the SLO too: then the breach is the traffic's, rolling back would only
-        end the trial, and the alert notifies (the trial's own guard cuts a candidate that makes latency worse)."""
+        """Raise the built-in alert while the window breaks the SLO. It asks for a rollback only where one would
+        change what runs and nothing better placed answers the breach; otherwise it notifies, saying why."""
         if not self.policy.slo.builtin_evaluator or self.alerts is None:
             return
         breaches = slo_breaches(window, self.policy)
         if breaches and self._slo_alert is None:
             self._slo_alert = _iso(window.end)
-            if self._trial is not None and incumbent_breaks_slo(window, self.policy):
-                self.alerts.builtin("firing", self._slo_alert, "; ".join(breaches) + " (the incumbent's blocks "
-                                    "break it too: the traffic's, not the trial's)", action="notify")
-            else:
+            why_not = self._why_not_roll_back(window)
+            if why_not is None:
                 self.alerts.builtin("firing", self._slo_alert, "; ".join(breaches))
+            else:
+                self.alerts.builtin("firing", self._slo_alert, f"{'; '.join(breaches)} ({why_not})", action="notify")
         elif not breaches and self._slo_alert is not None:
             self.alerts.builtin("resolved", self._slo_alert, "latency back within the SLO")
             self._slo_alert = None
+
+    def _why_not_roll_back(self, window: Window) -> str | None:
+        """Why a rollback would not answer this breach, or None if it would."""
+        if self._trial is not None:
+            if incumbent_breaks_slo(window, self.policy):
+                return "the incumbent's blocks break it too: the traffic's, not the trial's"
+            return ("a trial runs: its guard cuts the candidate once the candidate's blocks are shown slower than the "
+                    "incumbent's")
+        if self.current.version == self.last_known_good.version:
+            return "the last known good config runs: a rollback would change nothing"
+        return None
 
     # -- plumbing ----------------------------------------------------------------------------------------------
 

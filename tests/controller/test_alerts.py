@@ -9,7 +9,7 @@ import pytest
 
 from controller.clients import InProcessClient
 from controller.plane import build_control_plane
-from controller.store import AlertRecord, Decision, Rollback
+from controller.store import AlertOutcome, AlertRecord, Decision, Rollback
 from engine.service import EngineService
 from seam import EngineConfig
 from tests.controller.conftest import fast_policy
@@ -147,19 +147,43 @@ def test_disable_speculation_pins_plain_decoding_until_the_alert_resolves(served
     assert controller.store.count(Decision, action="release") == 1
 
 
-def test_builtin_slo_evaluator_raises_one_rollback_alert_while_the_slo_is_broken(build, prompts):
-    # An inter-token SLO of 1 microsecond: every window breaks it, so the built-in evaluator fires once and stays.
-    from controller.alerts import AlertIntake
-    engine, controller = build(fast_policy(slo={"inter_token_p99_seconds": 1e-6}, trial={"min_predicted_gain": 100.0}))
-    AlertIntake(controller)
+def _break_the_slo_for_three_windows(engine, controller, prompts) -> None:
     with ClosedLoopTraffic(engine, prompts, concurrency=4):
         controller.client.snapshot()
         for _ in range(3):
             time.sleep(controller.policy.window.seconds)
             controller.tick()
+
+
+def test_a_builtin_breach_at_the_last_known_good_raises_one_alert_that_notifies(build, prompts):
+    # An inter-token SLO of 1 microsecond: every window breaks it, so the built-in evaluator fires once and stays.
+    # The last known good config runs, so a rollback would change nothing: the alert notifies, saying so.
+    from controller.alerts import AlertIntake
+    engine, controller = build(fast_policy(slo={"inter_token_p99_seconds": 1e-6}, trial={"min_predicted_gain": 100.0}))
+    AlertIntake(controller)
+    _break_the_slo_for_three_windows(engine, controller, prompts)
     alerts = controller.store.rows(AlertRecord)
-    assert [(a["name"], a["status"], a["source"]) for a in alerts] == [("GovernorSLOBreach", "firing", "builtin")]
-    assert _rollbacks(controller) == 1
+    assert [(a["name"], a["status"], a["source"], a["action"]) for a in alerts] == [
+        ("GovernorSLOBreach", "firing", "builtin", "notify")]
+    assert _rollbacks(controller) == 0
+    notify = controller.store.rows(Decision, action="notify")
+    assert len(notify) == 1 and "a rollback would change nothing" in notify[0]["inputs"]["annotations"]["summary"]
+
+
+def test_a_builtin_breach_away_from_the_last_known_good_asks_for_a_rollback(build, prompts):
+    # An operator's pin holds another config than the last known good: the alert asks for a rollback, which the pin
+    # skips (a pin wins), recorded with the pin named.
+    from controller.alerts import AlertIntake
+    engine, controller = build(fast_policy(slo={"inter_token_p99_seconds": 1e-6}, trial={"min_predicted_gain": 100.0}))
+    AlertIntake(controller)
+    controller.pin(controller.current.changed(draft_len=2), "operator", "hold k 2")
+    _break_the_slo_for_three_windows(engine, controller, prompts)
+    alerts = controller.store.rows(AlertRecord)
+    assert [(a["name"], a["action"]) for a in alerts] == [("GovernorSLOBreach", "rollback")]
+    assert [o["outcome"] for o in controller.store.rows(AlertOutcome)] == ["skipped"]
+    skip = controller.store.rows(Decision, action="skip")
+    assert len(skip) == 1 and "rollback skipped" in skip[0]["reason"] and "operator" in skip[0]["reason"]
+    assert _rollbacks(controller) == 0 and controller.current.draft_len == 2
 
 
 def test_a_builtin_breach_the_incumbents_blocks_share_during_a_trial_notifies_and_the_trial_goes_on(
