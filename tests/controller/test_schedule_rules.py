@@ -28,14 +28,16 @@ def test_a_band_changes_only_its_batch_sizes_and_one_k_everywhere_is_draft_len()
     assert with_bands(banded, {2: 4}) == EngineConfig(draft_len=4)
 
 
-def test_learning_a_band_keeps_the_bands_already_learned():
+def test_learning_a_band_keeps_the_bands_already_learned_and_guesses_the_others_from_their_nearest():
     config = EngineConfig(draft_len=4)
     first = learned(config, 0, 8, measured_bands={0})                 # only batch 1 measured: a guess elsewhere
     assert first == EngineConfig(draft_len=8)
     second = learned(first, 4, 2, measured_bands={0, 4})              # batch ~16 measured next
-    assert [second.draft_len_for(b) for b in (1, 2, 11, 12, 22, 23, 5000)] == [8, 2, 2, 2, 2, 2, 2]
+    # batch 2 is nearest batch 1; batch 3-5 as near batch 1 as batch ~16, so the smaller k; the rest nearest ~16
+    assert [second.draft_len_for(b) for b in (1, 2, 3, 5, 6, 11, 12, 22, 23, 5000)] == [8, 8, 2, 2, 2, 2, 2, 2, 2, 2]
     third = learned(second, 2, 5, measured_bands={0, 2, 4})
-    assert [third.draft_len_for(b) for b in (1, 2, 3, 5, 6, 11, 12, 22, 5000)] == [8, 5, 5, 5, 5, 5, 2, 2, 5]
+    # batch 2 between 8 and 5: 5; batch 6-11 between 5 and 2: 2; beyond the largest learned band: its k, not 5
+    assert [third.draft_len_for(b) for b in (1, 2, 3, 5, 6, 11, 12, 22, 5000)] == [8, 5, 5, 5, 2, 2, 2, 2, 2]
 
 
 def test_calibration_learns_a_shrink_of_the_predicted_gain_that_holds_for_smaller_predictions():
@@ -166,7 +168,8 @@ def test_a_band_where_plain_decoding_measured_faster_gets_k_0_and_the_other_band
     proposal = rules.propose(current, _window("ngram", 4, 16, 0.05, 0.1), 2)
     assert proposal.kind == "draft_len" and proposal.predicted_gain > 1.05
     assert proposal.config.draft_len_for(16) == 0 and proposal.config.draft_len_for(1) == 4
-    assert proposal.config.speculative_len == 4 and "<=1: 4, more: 0" in proposal.reason   # unmeasured bands: 0 too
+    # the unmeasured bands take their nearest learned band's k: batch 2 that of batch 1, the larger ones 0
+    assert proposal.config.speculative_len == 4 and "<=2: 4, more: 0" in proposal.reason
 
 
 def test_probes_of_plain_decoding_that_keep_losing_back_off_at_their_batch_band():
