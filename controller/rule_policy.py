@@ -90,13 +90,16 @@ class RulePolicy:
         speculates (the other bands keep their k: speculation that stops paying at 16 sequences still pays at 1),
         speculation while it does not."""
         spec, state = self.policy.speculation, self.state
-        band, speculating = _band(baseline), current.draft_len_for(_batch(baseline)) > 0
+        k_now = current.draft_len_for(_batch(baseline))
+        band, speculating = _band(baseline), k_now > 0
         if index - state.last_mode_probe < self.reprobe_wait(speculating, band):
+            return None
+        if speculating and self._plain_answered(current.spec_method, band, k_now):
             return None
         state.last_mode_probe, state.mode_probe_band = index, band
         inputs = {**self._inputs(current, baseline), "band": band}
         if speculating:
-            state.band_k[band] = current.draft_len_for(_batch(baseline))
+            state.band_k[band] = k_now
             candidate = _plain_at(current, band)
             where = "" if candidate.spec_method == "off" else f" at batch band {band}"
             return Proposal(candidate, "fallback_probe", f"probe plain decoding{where}: speculation stays only while "
@@ -113,6 +116,16 @@ class RulePolicy:
         return Proposal(candidate, "speculation_probe", f"probe speculation at {schedule_text(candidate)}: re-enabled "
                         f"only if it beats plain decoding by {threshold:.3f}x (min_gain + hysteresis)",
                         keep_gain=threshold, inputs=inputs)
+
+    def _plain_answered(self, method: str, band: int, k: int) -> bool:
+        """Has the goodput model answered what a probe of plain decoding at band would ask? Once it has measured plain
+        decoding there and predicts, calibrated, that k beats it by min_gain + hysteresis (the bar speculation must
+        clear to come back), the probe would only spend blocks on a config known to lose; a drop in acceptance at
+        this band is the model's to see (its k-0 candidate)."""
+        model, spec = self._model(method), self.policy.speculation
+        if not (model.ready(band) and model.measured_plain(band)):
+            return False
+        return self.calibration.corrected("draft_len", model.gain(k, 0, band)) >= spec.min_gain + spec.hysteresis
 
     def _schedule_to_resume(self, current: EngineConfig, baseline: Window) -> DraftLenSchedule:
         """What speculation last ran with (judged, unlike the model's best), else the model's best k at this band."""

@@ -243,3 +243,20 @@ def test_a_drafter_that_lost_is_not_tried_again_at_any_k_within_retry_windows():
     assert list(rules.state.rejected) == [("spec_method", "ngram")]       # the drafter, not the drafter at k 4
     assert all(p is None or p.kind != "spec_method" for p in (rules.propose(current, light, i) for i in range(2, 6)))
     assert rules.propose(current, light, 6).kind == "spec_method"
+
+
+def test_a_probe_of_plain_decoding_is_left_out_where_the_model_measured_it_losing_by_the_re_enable_bar():
+    rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1, "k_max": 4}}))
+    rules.state.unavailable.add("draft_model")
+    current = EngineConfig(spec_method="ngram", draft_len=4)
+    for k in (0, 2, 4):                                      # plain decoding measured at batch 1 too
+        rules.observe(_window("ngram" if k else "off", k, batch=1, seconds_per_step=0.01, accepted=0.9))
+    copying = _window("ngram", 4, batch=1, seconds_per_step=0.01, accepted=0.9)
+    gain = rules.calibration.corrected("draft_len", rules.state.models["ngram"].gain(4, 0, 0))
+    assert gain > 1.10                                       # k 4 beats plain by more than min_gain + hysteresis
+    assert rules.propose(current, copying, 1) is None        # nothing to ask: no probe, k 4 is the model's best
+    for k in (2, 4):                                         # the content stops matching the prompt
+        rules.observe(_window("ngram", k, batch=1, seconds_per_step=0.01, accepted=0.05))
+    assert rules.calibration.corrected("draft_len", rules.state.models["ngram"].gain(4, 0, 0)) < 1.10
+    probe = rules.propose(current, _window("ngram", 4, batch=1, seconds_per_step=0.01, accepted=0.05), 2)
+    assert probe.kind == "fallback_probe" and [probe.config.draft_len_for(b) for b in (1, 2)] == [0, 4]
