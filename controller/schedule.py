@@ -2,7 +2,7 @@
 
 The goodput model measures costs per batch band (band b holds mean batch sizes that round to 2^b on a log scale:
 batch sizes 2^(b - 1/2) < n <= 2^(b + 1/2)). A trial can only measure the band the traffic is in now, so a trial
-sets the k of that band, and guesses the k of the bands never measured from their nearest learned neighbours, and
+sets the k of that band, keeps the k of the bands never measured within what their learned neighbours allow, and
 leaves the k of the bands already learned as it was.
 """
 from __future__ import annotations
@@ -22,10 +22,10 @@ MAX_BAND = 10          # batch sizes up to 1448; larger batches take the last ba
 
 
 def learned(config: EngineConfig, band: int, k: int, measured_bands: set[int]) -> EngineConfig:
-    """config drafting k in band; the measured bands keep their k. A band never measured takes the k of the nearest
-    band that has one (measured, or this one), the smaller where two are as near: speculation pays less as the batch
-    grows (vLLM's +23% at batch 1 was -16% at batch 32), so a guess between a band that drafts and a larger one that
-    drafts less errs toward the larger."""
+    """config drafting k in band; the measured bands keep their k. A band never measured keeps its k too, clamped so
+    that it drafts no more than the nearest learned band below it and no less than the nearest learned band above it
+    (the smaller bound wins where they cross): speculation pays less as the batch grows (vLLM's +23% at batch 1 was
+    -16% at batch 32), so a k learned at batch 1 says how far larger batches may go, not that they should."""
     known = sorted({*measured_bands, band})
 
     def k_of(known_band: int, edge: int) -> int:
@@ -33,8 +33,13 @@ def learned(config: EngineConfig, band: int, k: int, measured_bands: set[int]) -
 
     ks = {band: k}
     for guessed in (b for b in range(MAX_BAND + 1) if b not in known):
-        nearest = min(abs(guessed - b) for b in known)
-        ks[guessed] = min(k_of(b, 1 if b < guessed else 0) for b in known if abs(guessed - b) == nearest)
+        below = [k_of(b, 1) for b in known if b < guessed]
+        above = [k_of(b, 0) for b in known if b > guessed]
+        now = config.draft_len_for(band_batch_sizes(guessed)[0])
+        clamped = max(now, above[0]) if above else now
+        clamped = min(clamped, below[-1]) if below else clamped
+        if clamped != now:
+            ks[guessed] = clamped
     return with_bands(config, ks)
 
 

@@ -28,16 +28,18 @@ def test_a_band_changes_only_its_batch_sizes_and_one_k_everywhere_is_draft_len()
     assert with_bands(banded, {2: 4}) == EngineConfig(draft_len=4)
 
 
-def test_learning_a_band_keeps_the_bands_already_learned_and_guesses_the_others_from_their_nearest():
+def test_learning_a_band_keeps_the_bands_already_learned_and_the_others_within_their_neighbours():
     config = EngineConfig(draft_len=4)
-    first = learned(config, 0, 8, measured_bands={0})                 # only batch 1 measured: a guess elsewhere
-    assert first == EngineConfig(draft_len=8)
+    assert learned(config, 0, 2, measured_bands={0}) == EngineConfig(draft_len=2)   # larger batches: at most k 2
+    first = learned(config, 0, 8, measured_bands={0})                 # only batch 1 measured: the others keep k 4
+    assert [first.draft_len_for(b) for b in (1, 2, 5000)] == [8, 4, 4]
+    first = EngineConfig(draft_len=8)
     second = learned(first, 4, 2, measured_bands={0, 4})              # batch ~16 measured next
-    # batch 2 is nearest batch 1; batch 3-5 as near batch 1 as batch ~16, so the smaller k; the rest nearest ~16
-    assert [second.draft_len_for(b) for b in (1, 2, 3, 5, 6, 11, 12, 22, 23, 5000)] == [8, 8, 2, 2, 2, 2, 2, 2, 2, 2]
+    # batch 2-11 keep k 8 (within 8 below and 2 above); beyond the largest learned band: at most its k
+    assert [second.draft_len_for(b) for b in (1, 2, 3, 11, 12, 22, 23, 5000)] == [8, 8, 8, 8, 2, 2, 2, 2]
     third = learned(second, 2, 5, measured_bands={0, 2, 4})
-    # batch 2 between 8 and 5: 5; batch 6-11 between 5 and 2: 2; beyond the largest learned band: its k, not 5
-    assert [third.draft_len_for(b) for b in (1, 2, 3, 5, 6, 11, 12, 22, 5000)] == [8, 5, 5, 5, 2, 2, 2, 2, 2]
+    # batch 2 within 8 and 5 keeps 8; batch 6-11, between 5 and 2, drafts at most 5
+    assert [third.draft_len_for(b) for b in (1, 2, 3, 5, 6, 11, 12, 22, 5000)] == [8, 8, 5, 5, 5, 5, 2, 2, 2]
 
 
 def test_calibration_learns_a_shrink_of_the_predicted_gain_that_holds_for_smaller_predictions():
@@ -92,7 +94,7 @@ def test_a_k_change_the_calibrated_model_no_longer_believes_is_not_proposed():
     for k in (2, 4):
         optimistic.observe(_window("draft_model", k, batch=1, seconds_per_step=0.01, accepted=0.9))
     proposal = optimistic.propose(current, _window("draft_model", 2, 1, 0.01, 0.9), 1)
-    assert proposal.kind == "draft_len" and proposal.config.draft_len > 2
+    assert proposal.kind == "draft_len" and proposal.config.draft_len_for(1) > 2
     assert 1.0 < proposal.predicted_gain < proposal.raw_gain
 
     burned = Calibration()
@@ -139,8 +141,7 @@ def test_k_for_the_band_the_load_is_in_leaves_the_learned_band_alone():
     for k in (2, 4):
         rules.observe(_window("draft_model", k, batch=1, seconds_per_step=0.01, accepted=0.9))
         rules.observe(_window("draft_model", k, batch=16, seconds_per_step=0.05, accepted=0.3))
-    current = learned(EngineConfig(draft_len=2), 0, 6, measured_bands={0})   # batch 1 learned: k 6
-    assert current == EngineConfig(draft_len=6)
+    current = EngineConfig(draft_len=6)                                # batch 1 learned k 6; batch 16 runs it too
     proposal = rules.propose(current, _window("draft_model", 6, 16, 0.05, 0.3), 1)
     assert proposal.kind == "draft_len" and "batch band 4" in proposal.reason
     assert proposal.config.draft_len_for(1) == 6 and proposal.config.draft_len_for(16) < 6
@@ -168,8 +169,8 @@ def test_a_band_where_plain_decoding_measured_faster_gets_k_0_and_the_other_band
     proposal = rules.propose(current, _window("ngram", 4, 16, 0.05, 0.1), 2)
     assert proposal.kind == "draft_len" and proposal.predicted_gain > 1.05
     assert proposal.config.draft_len_for(16) == 0 and proposal.config.draft_len_for(1) == 4
-    # the unmeasured bands take their nearest learned band's k: batch 2 that of batch 1, the larger ones 0
-    assert proposal.config.speculative_len == 4 and "<=2: 4, more: 0" in proposal.reason
+    # batch 2-11, between k 4 and k 0, keep k 4; larger batches than the band learned draft no more than it
+    assert proposal.config.speculative_len == 4 and "<=11: 4, more: 0" in proposal.reason
 
 
 def test_probes_of_plain_decoding_that_keep_losing_back_off_at_their_batch_band():
