@@ -317,8 +317,8 @@ class Controller:
         return trial.id
 
     def _evaluate_slo(self, window: Window) -> None:
-        """Raise the built-in alert while the window breaks the SLO. It asks for a rollback only where one would
-        change what runs and nothing better placed answers the breach; otherwise it notifies, saying why."""
+        """Raise the built-in alert while the window breaks the SLO. It asks for a rollback only outside a trial and
+        away from the last known good; otherwise it notifies, saying why (see _why_not_roll_back)."""
         if not self.policy.slo.builtin_evaluator or self.alerts is None:
             return
         breaches = slo_breaches(window, self.policy)

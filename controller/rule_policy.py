@@ -88,7 +88,7 @@ class RulePolicy:
     def _mode_probe(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
         """Probe the other speculation mode at the batch band the load is in: plain decoding there while this band
         speculates (the other bands keep their k: speculation that stops paying at 16 sequences still pays at 1),
-        speculation while it does not."""
+        speculation while it does not. No probe of plain decoding where the goodput model already answers it."""
         spec, state = self.policy.speculation, self.state
         k_now = current.draft_len_for(_batch(baseline))
         band, speculating = _band(baseline), k_now > 0
