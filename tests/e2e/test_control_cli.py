@@ -81,9 +81,10 @@ def test_kill_9_mid_trial_loses_no_decision_and_restart_resumes_the_last_known_g
 
 def _assert_serves(url: str, config: EngineConfig) -> None:
     deadline = time.monotonic() + 10     # the engine adopts a config at its next step
-    while (served := httpx.get(f"{url}/admin/config").json()) != config.model_dump() and time.monotonic() < deadline:
+    while (served := EngineConfig.model_validate(httpx.get(f"{url}/admin/config").json())) != config and \
+            time.monotonic() < deadline:
         time.sleep(0.05)
-    assert served == config.model_dump(), (served, config)
+    assert served == config, (served, config)
 
 
 def _trial(store: Store, trial_id: int) -> dict:
