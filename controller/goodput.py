@@ -3,7 +3,9 @@
 Per sequence-step, k drafts yield E(k) = 1 + q_0 s_0 + ... + q_{k-1} s_{k-1} tokens: q_j is the share of
 sequence-steps that drafted a token at position j (1 for a draft model; prompt lookup drafts only where the text
 matches) and s_j the share of those drafts accepted through position j. Positions never measured extrapolate
-geometrically from the last measured ratio.
+geometrically from the last measured ratio. Prompt lookup's model also counts the lookups the engine makes in the
+shadow of plain decoding (what it would have drafted, against the tokens then generated), so its acceptance follows
+the traffic while no draft is verified.
 A step costs overhead + target(k) + draft(k) seconds. Costs are measured per batch-size band (powers of two of the
 mean batch) and per k, because verification costs more as k and the batch grow. A cost is the lowest of the last few
 windows' figures: other work on the machine only ever adds time. With several k measured in a band: between and
@@ -88,8 +90,9 @@ class Prediction:
 
 
 class GoodputModel:
-    def __init__(self, memory: float = 0.5):
+    def __init__(self, memory: float = 0.5, shadowed: bool = False):
         self.memory = memory                 # weight of the newest window in the acceptance counts
+        self.shadowed = shadowed             # prompt lookup's model: plain decoding's shadow lookups count as drafts
         self.drafted: list[float] = []       # decayed counts per draft position
         self.accepted: list[float] = []
         self.eligible: list[float] = []      # decayed sequence-steps that could draft at each position (j < k)
@@ -108,16 +111,20 @@ class GoodputModel:
         band.batch.append(window.batch_size_mean)
         self.verified.append((window.batch_size_mean + window.drafted_tokens / window.steps,
                               window.target_forward_seconds / window.steps))
-        sequence_steps = window.batch_size_mean * window.steps
         drafted, accepted = list(window.drafted_per_position), list(window.accepted_per_position)
-        for j in range(max(k, len(drafted))):
+        eligible = [window.batch_size_mean * window.steps] * max(k, len(drafted))
+        if self.shadowed and window.shadow_lookups:
+            drafted, accepted, eligible = (_summed(ours, theirs) for ours, theirs in (
+                (drafted, window.shadow_drafted_per_position), (accepted, window.shadow_accepted_per_position),
+                (eligible, [window.shadow_lookups] * len(window.shadow_drafted_per_position))))
+        for j in range(len(eligible)):
             if j >= len(self.drafted):
                 self.drafted.append(0.0)
                 self.accepted.append(0.0)
                 self.eligible.append(0.0)
             self.drafted[j] = (1 - self.memory) * self.drafted[j] + (drafted[j] if j < len(drafted) else 0)
             self.accepted[j] = (1 - self.memory) * self.accepted[j] + (accepted[j] if j < len(accepted) else 0)
-            self.eligible[j] = (1 - self.memory) * self.eligible[j] + sequence_steps
+            self.eligible[j] = (1 - self.memory) * self.eligible[j] + eligible[j]
 
     def ready(self, band: int) -> bool:
         costs = self.bands.get(band)
@@ -196,6 +203,11 @@ class GoodputModel:
                 "target_seconds_per_step": {k: round(v, 6) for k, v in sorted(costs.target.per_k.items())},
                 "draft_seconds_per_step": {k: round(v, 6) for k, v in sorted(costs.draft.per_k.items())},
                 "overhead_seconds_per_step": None if costs.overhead is None else round(costs.overhead, 6)}
+
+
+def _summed(a: list[float], b: list[float]) -> list[float]:
+    """Position by position, the shorter list taken as 0 past its end."""
+    return [(a[j] if j < len(a) else 0) + (b[j] if j < len(b) else 0) for j in range(max(len(a), len(b)))]
 
 
 def _extended(shares: list[float], k: int) -> list[float]:

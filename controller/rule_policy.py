@@ -23,7 +23,8 @@ LIGHT_BAND = 1           # batch sizes up to 2: where an untried drafter is trie
 @dataclass
 class RuleState:
     """What the rules remember between windows."""
-    models: dict[str, GoodputModel] = field(default_factory=lambda: {m: GoodputModel() for m in DRAFTERS})
+    models: dict[str, GoodputModel] = field(default_factory=lambda: {
+        m: GoodputModel(shadowed=m == "ngram") for m in DRAFTERS})
     last_mode_probe: int = 0                             # window index of the last speculation on/off probe
     mode_probe_band: int = 0                             # the batch band of the last mode probe
     fallback_probes_lost: dict[int, int] = field(default_factory=dict)   # band -> probes of plain decoding in a
@@ -96,6 +97,8 @@ class RulePolicy:
             return None
         if speculating and self._plain_answered(current.spec_method, band, k_now):
             return None
+        if not speculating and self._speculation_answered(band, baseline):
+            return None
         state.last_mode_probe, state.mode_probe_band = index, band
         inputs = {**self._inputs(current, baseline), "band": band}
         if speculating:
@@ -126,6 +129,17 @@ class RulePolicy:
         if not (model.ready(band) and model.measured_plain(band)):
             return False
         return self.calibration.corrected("draft_len", model.gain(k, 0, band)) >= spec.min_gain + spec.hysteresis
+
+    def _speculation_answered(self, band: int, baseline: Window) -> bool:
+        """Has the goodput model answered what a probe of speculation at band would ask? Prompt lookup's acceptance is
+        measured in the shadow of plain decoding: once its model has measured the costs of speculating at band, and
+        this window's shadow lookups are in its acceptance, it predicts what the probe would measure. A calibrated
+        gain below min_gain + hysteresis (the bar the probe would have to clear) answers it; above, the probe runs."""
+        model, spec = self._model(self.state.spec_method), self.policy.speculation
+        if not (model.shadowed and baseline.shadow_lookups and model.ready(band) and model.measured_plain(band)):
+            return False
+        best = model.best(self._reachable(model, band), band)
+        return self.calibration.corrected("draft_len", model.gain(best.k, 0, band)) < spec.min_gain + spec.hysteresis
 
     def _schedule_to_resume(self, current: EngineConfig, baseline: Window) -> DraftLenSchedule:
         """What speculation last ran with (judged, unlike the model's best), else the model's best k at this band."""

@@ -9,9 +9,9 @@ from seam import Block, LatencySummary, Window
 
 _SUMMED = {"steps", "num_drafts", "drafted_tokens", "accepted_tokens", "emitted_tokens", "prefill_tokens",
            "finished_requests", "target_forward_seconds", "draft_forward_seconds", "step_seconds", "dropped_tokens",
-           "all_to_all_seconds"}
+           "all_to_all_seconds", "shadow_lookups"}
 _SUMMED_ARRAYS = {"drafted_per_position", "accepted_per_position", "expert_tokens", "dropped_per_layer",
-                  "slot_tokens", "rank_tokens"}
+                  "slot_tokens", "rank_tokens", "shadow_drafted_per_position", "shadow_accepted_per_position"}
 _MAXED = {"batch_size_max", "queue_depth_max"}
 _STEP_WEIGHTED = {"batch_size_mean", "queue_depth_mean"}
 MIXED_VERSIONS = -1     # the config_version of a window whose parts served different configs

@@ -42,22 +42,47 @@ class NgramDrafter:
         tokens = torch.zeros(len(seqs), k, dtype=torch.long)
         num = torch.zeros(len(seqs), dtype=torch.long)
         for i, (seq, length) in enumerate(zip(seqs, lengths)):
-            found = self._lookup(np.asarray(seq.tokens), length)
+            found = prompt_lookup(np.asarray(seq.tokens), length, self.min_n, self.max_n)
             tokens[i, :len(found)] = torch.as_tensor(found, dtype=torch.long)
             num[i] = len(found)
         return Drafts(tokens.to(self.device), num.to(self.device), None)
 
-    def _lookup(self, history: np.ndarray, length: int) -> np.ndarray:
-        for n in range(min(self.max_n, len(history) - 1), self.min_n - 1, -1):
-            windows = sliding_window_view(history[:-1], n)
-            hits = np.flatnonzero((windows == history[-n:]).all(axis=1))
-            if len(hits):
-                start = hits[-1] + n
-                return history[start:start + length]
-        return history[:0]
-
     def accepted(self, seq: Sequence, drafted_from: int, num_accepted: int) -> None:
         pass
+
+
+def prompt_lookup(history: np.ndarray, length: int, min_n: int, max_n: int) -> np.ndarray:
+    """Up to length tokens that followed the latest earlier occurrence of history's longest suffix of min_n..max_n
+    tokens; none if no suffix recurs."""
+    for n in range(min(max_n, len(history) - 1), min_n - 1, -1):
+        windows = sliding_window_view(history[:-1], n)
+        hits = np.flatnonzero((windows == history[-n:]).all(axis=1))
+        if len(hits):
+            start = hits[-1] + n
+            return history[start:start + length]
+    return history[:0]
+
+
+def shadow_lookups(seq: Sequence, length: int, min_n: int, max_n: int) -> list[tuple[int, int]]:
+    """Prompt lookup run in the shadow of plain decoding, as speculation at k = length would have run over the tokens
+    generated: draft length tokens, count those the generated tokens match up to the first that does not, and draft
+    next after them and the token that followed (as verification's bonus token). Returns (drafted, accepted) for each
+    shadow draft that length generated tokens now follow; the next call goes on from there (after a stretch of
+    speculation, from length tokens back). A deterministic draft token is accepted with the sampling distribution's
+    probability of it, the probability with which plain decoding generates it, and a rejected draft's replacement is
+    drawn as plain decoding draws that token: the shadow measures the acceptance prompt lookup would have had, at the
+    cost of a lookup and no verification."""
+    history = np.asarray(seq.tokens)
+    at = max(seq.shadow_at, len(seq.prompt_ids) + 1, len(history) - length - 1)
+    out = []
+    while at + length <= len(history):
+        found = prompt_lookup(history[:at], length, min_n, max_n)
+        mismatches = np.flatnonzero(found != history[at:at + len(found)])
+        accepted = int(mismatches[0]) if len(mismatches) else len(found)
+        out.append((len(found), accepted))
+        at += accepted + 1
+    seq.shadow_at = at
+    return out
 
 
 class ModelDrafter:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.batch import SequenceChunk, build_forward_batch
-from engine.drafters import Drafter, Drafts, ModelDrafter, NgramDrafter
+from engine.drafters import Drafter, Drafts, ModelDrafter, NgramDrafter, shadow_lookups
 from engine.ep import ExpertParallel
 from engine.experts import ExpertRuntime, StepCounts, drop_logical_experts, expert_topology
 from engine.kv_cache import BlockAllocator, KVCache
@@ -29,6 +29,8 @@ from engine.tokenizer import Tokenizer
 from engine.transformer import Transformer
 from governor_kernels import verify_drafts
 from seam import EngineConfig, Experiment, SamplingParams, Window
+
+SHADOW_DRAFT_LEN = 8     # positions of prompt lookup's acceptance measured in the shadow of plain decoding
 
 
 class RequestError(ValueError):
@@ -338,6 +340,8 @@ class Engine:
         proposed = [len(item.proposed) for item in drafting]
         accepted = [item.accepted for item in drafting]
         k = max(proposed, default=0)
+        shadows = [shadow for item in plan if item.samples and item.draft_len == 0 for shadow in shadow_lookups(
+            item.seq, SHADOW_DRAFT_LEN, self.config.ngram_min, self.config.ngram_max)]
         return StepRecord(
             batch_size=len(plan), queue_depth=queue_depth, step_seconds=step_seconds,
             target_seconds=target_seconds, draft_seconds=draft_seconds,
@@ -345,6 +349,9 @@ class Engine:
             accepted_per_position=[sum(a > j for a in accepted) for j in range(k)],
             num_drafts=sum(p > 0 for p in proposed),
             prefill_tokens=sum(item.num_new for item in plan if item.prefill),
+            shadow_lookups=len(shadows),
+            shadow_drafted_per_position=[sum(d > j for d, _ in shadows) for j in range(SHADOW_DRAFT_LEN)],
+            shadow_accepted_per_position=[sum(a > j for _, a in shadows) for j in range(SHADOW_DRAFT_LEN)],
             **self._moe_figures(expert_counts))
 
     def _moe_figures(self, counts: StepCounts | None) -> dict:

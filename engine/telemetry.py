@@ -29,6 +29,9 @@ class _Accumulator:
     num_drafts: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    shadow_lookups: int = 0
+    shadow_drafted_per_position: list[int] = field(default_factory=list)
+    shadow_accepted_per_position: list[int] = field(default_factory=list)
     emitted_tokens: int = 0
     prefill_tokens: int = 0
     finished_requests: int = 0
@@ -58,6 +61,10 @@ class _Accumulator:
         self.prefill_tokens += step.prefill_tokens
         _add_per_position(self.drafted_per_position, step.drafted_per_position)
         _add_per_position(self.accepted_per_position, step.accepted_per_position)
+        if step.shadow_lookups:
+            self.shadow_lookups += step.shadow_lookups
+            _add_per_position(self.shadow_drafted_per_position, step.shadow_drafted_per_position)
+            _add_per_position(self.shadow_accepted_per_position, step.shadow_accepted_per_position)
         self.all_to_all_seconds += step.all_to_all_seconds
         self.expert_tokens = _add(self.expert_tokens, step.expert_tokens)
         self.slot_tokens = _add(self.slot_tokens, step.slot_tokens)
@@ -85,6 +92,9 @@ class _Accumulator:
             drafted_tokens=sum(self.drafted_per_position), accepted_tokens=sum(self.accepted_per_position),
             drafted_per_position=list(self.drafted_per_position),
             accepted_per_position=list(self.accepted_per_position),
+            shadow_lookups=self.shadow_lookups,
+            shadow_drafted_per_position=list(self.shadow_drafted_per_position) if self.shadow_lookups else None,
+            shadow_accepted_per_position=list(self.shadow_accepted_per_position) if self.shadow_lookups else None,
             emitted_tokens=self.emitted_tokens, prefill_tokens=self.prefill_tokens,
             finished_requests=self.finished_requests, target_forward_seconds=self.target_forward_seconds,
             draft_forward_seconds=self.draft_forward_seconds, step_seconds=self.step_seconds,
@@ -162,6 +172,9 @@ class StepRecord:
     accepted_per_position: list[int]
     num_drafts: int
     prefill_tokens: int
+    shadow_lookups: int = 0                             # sequence-steps of plain decoding prompt lookup shadowed
+    shadow_drafted_per_position: list[int] = field(default_factory=list)
+    shadow_accepted_per_position: list[int] = field(default_factory=list)
     expert_tokens: torch.Tensor | None = None
     slot_tokens: torch.Tensor | None = None
     rank_tokens: torch.Tensor | None = None

@@ -1,5 +1,7 @@
 """The goodput model's what-if for k, on windows from a known cost law: a step costs a fixed part plus a price per
 token the target verifies, the drafter costs a price per drafted token, and prompt lookup drafts on only some steps."""
+import dataclasses
+
 import pytest
 
 from controller.goodput import GoodputModel, batch_band
@@ -68,3 +70,22 @@ def test_positions_only_a_larger_k_reaches_are_shared_over_the_steps_that_could_
     for k in (4, 8, 4):
         model.observe(_window(k, 1, drafting=0.5))
     assert model.drafting() == pytest.approx([0.5] * 8)
+
+
+def _shadowed(window: Window, accepted: float, lookups: int = 400, positions: int = 8) -> Window:
+    """window with prompt lookup shadowing its plain decoding: lookups drafts of positions tokens, each accepted
+    through position j with probability accepted ** (j + 1)."""
+    return dataclasses.replace(window, shadow_lookups=lookups, shadow_drafted_per_position=[lookups] * positions,
+                               shadow_accepted_per_position=[round(lookups * accepted ** (j + 1))
+                                                            for j in range(positions)])
+
+
+def test_prompt_lookups_model_takes_its_acceptance_from_the_shadow_of_plain_decoding_and_the_draft_models_does_not():
+    lookup, draft = GoodputModel(shadowed=True), GoodputModel()
+    for model in (lookup, draft):
+        model.observe(_window(4, batch=1, accepted=0.9))
+        model.observe(_shadowed(_window(0, batch=1), accepted=0.2))
+        model.observe(_shadowed(_window(0, batch=1), accepted=0.2))
+    assert draft.survival()[0] == pytest.approx(0.9)                   # plain decoding says nothing of its drafts
+    assert lookup.survival()[0] < 0.4 and len(lookup.survival()) == 8  # mostly the last windows' shadow
+    assert lookup.expected_tokens(4) < draft.expected_tokens(4)

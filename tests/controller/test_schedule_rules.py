@@ -1,6 +1,8 @@
 """The controller learns k per batch band and the drafter, on calibrated predictions: schedule arithmetic, the
 calibration's correction of an optimistic model, and the rules' proposals from the engine's own Window type."""
 
+import dataclasses
+
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -261,3 +263,32 @@ def test_a_probe_of_plain_decoding_is_left_out_where_the_model_measured_it_losin
     assert rules.calibration.corrected("draft_len", rules.state.models["ngram"].gain(4, 0, 0)) < 1.10
     probe = rules.propose(current, _window("ngram", 4, batch=1, seconds_per_step=0.01, accepted=0.05), 2)
     assert probe.kind == "fallback_probe" and [probe.config.draft_len_for(b) for b in (1, 2)] == [0, 4]
+
+
+def _plain_shadowed(batch: float, seconds_per_step: float, shadow_accepted: float) -> Window:
+    """A window of plain decoding whose shadow lookups drafted 8 tokens at each sequence-step, each accepted through
+    position j with probability shadow_accepted ** (j + 1)."""
+    lookups = 100 * round(batch)
+    return dataclasses.replace(
+        _window("ngram", 0, batch, seconds_per_step, 0.0), shadow_lookups=lookups,
+        shadow_drafted_per_position=[lookups] * 8,
+        shadow_accepted_per_position=[round(lookups * shadow_accepted ** (j + 1)) for j in range(8)])
+
+
+def test_a_probe_of_speculation_is_left_out_while_plain_decodings_shadow_shows_it_losing():
+    rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1, "k_max": 4}}))
+    rules.state.unavailable.add("draft_model")
+    for k in (2, 4):                                         # speculation's costs measured at batch 4 earlier
+        rules.observe(_window("ngram", k, batch=4, seconds_per_step=0.01, accepted=0.1))
+    current = EngineConfig(spec_method="ngram", draft_len_schedule=((2, 4), (5, 0), (1024, 4)))   # plain at 3-5
+    prose = _plain_shadowed(4, 0.01, shadow_accepted=0.1)
+    rules.observe(prose)
+    assert rules.propose(current, prose, 1) is None
+    unshadowed = dataclasses.replace(prose, shadow_lookups=0, shadow_drafted_per_position=None,
+                                     shadow_accepted_per_position=None)
+    assert rules.propose(current, unshadowed, 2).kind == "speculation_probe"    # without a shadow: probed blind
+    copying = _plain_shadowed(4, 0.01, shadow_accepted=0.95)                    # the content starts to repeat
+    rules.observe(copying)
+    rules.observe(copying)
+    probe = rules.propose(current, copying, 3)
+    assert probe.kind == "speculation_probe" and probe.config.draft_len_for(4) > 0
