@@ -47,7 +47,8 @@ CONTROLLER = "controller"
 KEPT = ("keep", "fallback", "reenable")
 TRIAL_ENDS = (*KEPT, "revert", "cut_short")
 REFERENCE_PROSE_TOKENS_PER_SECOND = 174.6   # plain decoding in prose-hot on the machine the workload was sized on
-                                            # (2026-12-04, commit 290263b: the mean of 3 repetitions, README)
+                                            # (2026-12-04, commit 290263b: the mean of 3 repetitions, README),
+                                            # its answers then as long as the other phases' (PROSE_LENGTH 1)
 SPEED_PROBE_WARM_UP_SECONDS = 4.0
 MAX_SLO_SCALE = 100.0
 TARGETS = {"oracle_vs_best_static": 1.15, "controller_vs_oracle": 0.95, "controller_vs_best_static": 1.10,
