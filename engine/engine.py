@@ -204,8 +204,10 @@ class Engine:
             if item.proposed:
                 self.drafter.accepted(seq, drafted_from, item.accepted)
             emissions.append(self._deliver(seq, item.proposed[:item.accepted] + [item.next_token], now))
-        self.telemetry.record_step(self._step_record(plan, drafting, queue_depth, time.perf_counter() - started,
-                                                     target_seconds, draft_seconds, expert_counts))
+        shadows = self._shadow_lookups(sampling)
+        self.telemetry.record_step(self._step_record(plan, drafting, shadows, queue_depth,
+                                                     time.perf_counter() - started, target_seconds, draft_seconds,
+                                                     expert_counts))
         if self.switchback is not None:
             self.switchback.stepped()
         return emissions
@@ -335,13 +337,17 @@ class Engine:
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
-    def _step_record(self, plan: list[Scheduled], drafting: list[Scheduled], queue_depth: int, step_seconds: float,
-                     target_seconds: float, draft_seconds: float, expert_counts: StepCounts | None) -> StepRecord:
+    def _shadow_lookups(self, sampling: list[Scheduled]) -> list[tuple[int, int]]:
+        """(drafted, accepted) of each shadow draft of prompt lookup that the sequences decoded plainly resolved."""
+        return [shadow for item in sampling if item.draft_len == 0 for shadow in shadow_lookups(
+            item.seq, SHADOW_DRAFT_LEN, self.config.ngram_min, self.config.ngram_max)]
+
+    def _step_record(self, plan: list[Scheduled], drafting: list[Scheduled], shadows: list[tuple[int, int]],
+                     queue_depth: int, step_seconds: float, target_seconds: float, draft_seconds: float,
+                     expert_counts: StepCounts | None) -> StepRecord:
         proposed = [len(item.proposed) for item in drafting]
         accepted = [item.accepted for item in drafting]
         k = max(proposed, default=0)
-        shadows = [shadow for item in plan if item.samples and item.draft_len == 0 for shadow in shadow_lookups(
-            item.seq, SHADOW_DRAFT_LEN, self.config.ngram_min, self.config.ngram_max)]
         return StepRecord(
             batch_size=len(plan), queue_depth=queue_depth, step_seconds=step_seconds,
             target_seconds=target_seconds, draft_seconds=draft_seconds,

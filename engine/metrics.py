@@ -55,6 +55,13 @@ class EngineMetrics:
                                             "(vllm:spec_decode_num_accepted_tokens_per_pos)", "position")
         self.draft_tokens_per_pos = self._array("governor_spec_decode_num_draft_tokens_per_pos", "Draft tokens "
                                                 "verified at draft position (0-based)", "position")
+        self.shadow_drafts = counter("governor_shadow_lookup_drafts", "Drafts prompt lookup made in the shadow of "
+                                     "plain decoding, over the tokens it generated (nothing verified)")
+        self.shadow_draft_tokens = counter("governor_shadow_lookup_draft_tokens", "Tokens those shadow drafts "
+                                           "proposed")
+        self.shadow_accepted_tokens = counter("governor_shadow_lookup_accepted_tokens", "Tokens of those shadow "
+                                              "drafts that plain decoding then generated: what verification would "
+                                              "have accepted")
         self.generation_tokens = counter("governor_generation_tokens", "Tokens delivered to clients "
                                          "(emitted)")
         self.prompt_tokens = counter("governor_prompt_tokens", "Prompt tokens prefilled")
@@ -120,6 +127,9 @@ class EngineMetrics:
         if step.drafted_per_position:
             self.draft_tokens_per_pos.add(step.drafted_per_position)
             self.accepted_per_pos.add(step.accepted_per_position)
+        self.shadow_drafts.inc(step.shadow_lookups)
+        self.shadow_draft_tokens.inc(sum(step.shadow_drafted_per_position))
+        self.shadow_accepted_tokens.inc(sum(step.shadow_accepted_per_position))
         self.prompt_tokens.inc(step.prefill_tokens)
         for grid, counts in ((self.expert_tokens, step.expert_tokens), (self.slot_tokens, step.slot_tokens),
                              (self.rank_tokens, step.rank_tokens)):

@@ -54,6 +54,17 @@ def test_counters_equal_the_sum_of_the_windows(run):
         assert _value(metrics, metric) == pytest.approx(sum(getattr(w, field) for w in windows)), metric
 
 
+def test_shadow_lookup_counters_equal_the_windows_of_plain_decoding(moe_models):
+    metrics = EngineMetrics(MODEL)
+    engine = _engine(moe_models, metrics, EngineConfig(spec_method="off", draft_len=0))
+    generate(engine, code_prompts(moe_models.tokenizer, 2, max_bytes=80))
+    window = engine.snapshot()
+    assert window.shadow_lookups > 0 and sum(window.shadow_accepted_per_position) > 0
+    assert _value(metrics, "governor_shadow_lookup_drafts_total") == window.shadow_lookups
+    assert _value(metrics, "governor_shadow_lookup_draft_tokens_total") == sum(window.shadow_drafted_per_position)
+    assert _value(metrics, "governor_shadow_lookup_accepted_tokens_total") == sum(window.shadow_accepted_per_position)
+
+
 def test_per_position_counters_equal_the_windows(run):
     metrics, windows = run
     for position in range(3):
