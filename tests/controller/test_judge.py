@@ -258,11 +258,16 @@ def test_a_trial_whose_load_left_the_batch_sizes_it_changes_ends_at_once():
     def at(batch: int, start: int) -> list[Block]:
         return [dataclasses.replace(block, decode_steps=1, decode_sequences=batch)
                 for block in blocks(1.2, 0.3, 4, np.random.default_rng(start), start=start)]
+    def prefilling(start: int) -> list[Block]:
+        return [dataclasses.replace(block, decode_steps=0, decode_sequences=0, decode_tokens=0, decode_seconds=0.0)
+                for block in blocks(1.2, 0.3, 4, np.random.default_rng(start), start=start)]
     judge.add(at(16, 0) + at(16, 4))                                      # 4 pairs at 16 sequences, then ...
-    for start in range(8, 8 + 2 * SETTINGS.min_samples - 4, 4):           # ... min_samples - 1 pairs at 1
-        judge.add(at(1, start))
+    starts = iter(range(8, 1000, 4))
+    for _ in range(SETTINGS.min_samples // 2 - 1):                        # ... min_samples - 1 pairs at 1 ...
+        judge.add(at(1, next(starts)))
+        judge.add(prefilling(next(starts)))                               # ... among pairs that only prefilled
         assert judge.look() is None and not judge.load_moved()
-    judge.add(at(1, 8 + 2 * SETTINGS.min_samples - 4))
+    judge.add(at(1, next(starts)))
     verdict = judge.look()
     assert judge.load_moved() and verdict.outcome == INCONCLUSIVE and verdict.blocks < SETTINGS.max_blocks
     assert "step alike" in verdict.reason and verdict.pairs == 4
