@@ -29,7 +29,7 @@ class RuleState:
     mode_probe_band: int = 0                             # the batch band of the last mode probe
     fallback_probes_lost: dict[int, int] = field(default_factory=dict)   # band -> probes of plain decoding in a
                                                                          # row that plain decoding lost there
-    last_drafter_probe: int = 0                          # window index of the last try of the other drafter
+    last_drafter_probe: int | None = None                # window index of the last try of the other drafter
     rejected: dict[tuple, int] = field(default_factory=dict)   # (kind, value) -> window index it was reverted
     last_placement: int | None = None
     spec_method: str = "draft_model"                     # the method to re-enable speculation with
@@ -74,7 +74,8 @@ class RulePolicy:
             self.state.spec_method = current.spec_method
         if current.speculative_len > 0:
             self.state.k_schedule = current.k_schedule
-        for rule in (self._mode_probe, self._draft_len, self._drafter, self._capacity_factor, self._placement):
+        for rule in (self._mode_probe, self._untried_drafter, self._draft_len, self._drafter, self._capacity_factor,
+                     self._placement):
             proposal = rule(current, baseline, window_index)
             if proposal is not None and not self._recently_rejected(proposal, window_index):
                 return proposal
@@ -197,30 +198,43 @@ class RulePolicy:
     # -- which drafter: the draft model or prompt lookup ----------------------------------------------------------
 
     def _drafter(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
-        """Switch drafter when its model predicts a gain; under light load (batch band <= LIGHT_BAND) try a drafter
-        never measured at this band every reprobe_windows, so both models learn. Not under heavy load: a drafter that
-        loses there slows every running sequence (SmolLM2's own first 20 of 30 layers as the draft model, tried blind at
-        16 sequences, halved a 20 s phase's goodput), and speculation pays least there anyway."""
-        if current.spec_method not in DRAFTERS:
+        """Switch drafter when the other drafter's model, having measured this band, predicts a gain."""
+        other = self._other_drafter(current)
+        band = _band(baseline)
+        if other is None or not (self._model(current.spec_method).ready(band) and self._model(other).ready(band)):
             return None
-        other = next(m for m in DRAFTERS if m != current.spec_method)
-        if other in self.state.unavailable:
+        mine, theirs = self._model(current.spec_method), self._model(other)
+        best = theirs.best(self._reachable(theirs, band), band)
+        raw = best.tokens_per_second / mine.predict(current.draft_len_for(_batch(baseline)), band).tokens_per_second
+        candidate = learned(current.changed(spec_method=other), band, best.k, theirs.measured_bands())
+        return self._predicted(candidate, "spec_method", raw, f"drafter {current.spec_method} -> {other} at "
+                               f"batch band {band}, k {best.k}", current, baseline)
+
+    def _untried_drafter(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
+        """Under light load (batch band <= LIGHT_BAND), try a drafter never measured at this band every
+        reprobe_windows, so both models learn; before any k trial there, so k is not tuned for a drafter about to be
+        replaced and the try, which can run at a fraction of the incumbent's speed (SmolLM2's own first 20 layers
+        drafting measured 0.07-0.11x in copy), lands in the load's first visit rather than a later one. Not under heavy
+        load: a drafter that loses there slows every running sequence (tried blind at 16 sequences, it halved a 20 s
+        phase's goodput), and speculation pays least there anyway."""
+        other, band = self._other_drafter(current), _band(baseline)
+        if other is None or band > LIGHT_BAND or self._model(other).ready(band):
             return None
-        mine, theirs, band = self._model(current.spec_method), self._model(other), _band(baseline)
-        k_now = current.draft_len_for(_batch(baseline))
-        if mine.ready(band) and theirs.ready(band):
-            best = theirs.best(self._reachable(theirs, band), band)
-            raw = best.tokens_per_second / mine.predict(k_now, band).tokens_per_second
-            candidate = learned(current.changed(spec_method=other), band, best.k, theirs.measured_bands())
-            return self._predicted(candidate, "spec_method", raw, f"drafter {current.spec_method} -> {other} at "
-                                   f"batch band {band}, k {best.k}", current, baseline)
-        if band > LIGHT_BAND or index - self.state.last_drafter_probe < self.policy.speculation.reprobe_windows:
+        last = self.state.last_drafter_probe
+        if last is not None and index - last < self.policy.speculation.reprobe_windows:
             return None
         self.state.last_drafter_probe = index
         return Proposal(current.changed(spec_method=other), "spec_method",
                         f"try drafter {other} at batch band {band} (never measured there): kept only if it beats "
                         f"{current.spec_method}", keep_gain=self.policy.trial.keep_gain,
                         inputs=self._inputs(current, baseline))
+
+    def _other_drafter(self, current: EngineConfig) -> str | None:
+        """The drafter current does not use, if current speculates with one and the engine has the other."""
+        if current.spec_method not in DRAFTERS:
+            return None
+        other = next(m for m in DRAFTERS if m != current.spec_method)
+        return None if other in self.state.unavailable else other
 
     def _predicted(self, candidate: EngineConfig, kind: str, raw: float, what: str, current: EngineConfig,
                    baseline: Window) -> Proposal | None:

@@ -17,6 +17,13 @@ EMPTY = LatencySummary.of([])
 QUIET = parse_policy({"speculation": {"reprobe_windows": 1000}})
 
 
+def _quiet(calibration: Calibration | None = None) -> RulePolicy:
+    """Rules whose probes, of the other mode and of the other drafter, wait 1000 windows from window 0."""
+    rules = RulePolicy(QUIET, calibration=calibration)
+    rules.state.last_drafter_probe = 0
+    return rules
+
+
 def test_bands_tile_the_batch_sizes():
     edges = [band_batch_sizes(band) for band in range(8)]
     assert edges[0] == (1, 1) and edges[1] == (2, 2) and edges[2] == (3, 5)
@@ -92,7 +99,7 @@ def _window(method: str, k: int, batch: float, seconds_per_step: float, accepted
 
 def test_a_k_change_the_calibrated_model_no_longer_believes_is_not_proposed():
     current = EngineConfig(spec_method="draft_model", draft_len=2)
-    optimistic = RulePolicy(QUIET)
+    optimistic = _quiet()
     for k in (2, 4):
         optimistic.observe(_window("draft_model", k, batch=1, seconds_per_step=0.01, accepted=0.9))
     proposal = optimistic.propose(current, _window("draft_model", 2, 1, 0.01, 0.9), 1)
@@ -102,7 +109,7 @@ def test_a_k_change_the_calibrated_model_no_longer_believes_is_not_proposed():
     burned = Calibration()
     for _ in range(5):
         burned.record("draft_len", proposal.raw_gain, proposal.predicted_gain, measured=0.95)
-    humbled = RulePolicy(QUIET, calibration=burned)
+    humbled = _quiet(calibration=burned)
     for k in (2, 4):
         humbled.observe(_window("draft_model", k, batch=1, seconds_per_step=0.01, accepted=0.9))
     assert humbled.propose(current, _window("draft_model", 2, 1, 0.01, 0.9), 1) is None
@@ -138,8 +145,20 @@ def test_a_drafter_never_measured_is_tried_under_light_load_only():
     assert light.kind == "spec_method" and light.config.spec_method == "draft_model" and "batch band 1" in light.reason
 
 
+def test_a_drafter_never_measured_is_tried_at_the_first_light_window_before_k_is_tuned_there():
+    rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 3, "k_max": 8}}))
+    current = EngineConfig(spec_method="ngram", draft_len=4)
+    copying = _window("ngram", 4, batch=1, seconds_per_step=0.01, accepted=0.95)
+    rules.observe(copying)
+    tried = rules.propose(current, copying, 1)
+    assert tried.kind == "spec_method" and tried.config.spec_method == "draft_model"
+    rules.finished(tried, "reverted", None, 1)
+    rules.observe(_window("draft_model", 4, batch=1, seconds_per_step=0.05, accepted=0.5))   # its arm, measured
+    assert rules.propose(current, copying, 2).kind == "draft_len"          # k for prompt lookup next
+
+
 def test_k_for_the_band_the_load_is_in_leaves_the_learned_band_alone():
-    rules = RulePolicy(QUIET)
+    rules = _quiet()
     for k in (2, 4):
         rules.observe(_window("draft_model", k, batch=1, seconds_per_step=0.01, accepted=0.9))
         rules.observe(_window("draft_model", k, batch=16, seconds_per_step=0.05, accepted=0.3))
@@ -150,7 +169,7 @@ def test_k_for_the_band_the_load_is_in_leaves_the_learned_band_alone():
 
 
 def test_a_speculation_probe_after_a_pin_restores_the_schedule_speculation_last_ran_with():
-    rules = RulePolicy(QUIET)
+    rules = _quiet()
     speculative = EngineConfig(spec_method="draft_model", draft_len_schedule=((1, 6), (1024, 3)))
     assert rules.propose(speculative, _window("draft_model", 6, 1, 0.01, 0.9), 1) is None
     plain = EngineConfig(spec_method="off", draft_len=0)      # an operator's pin turned speculation off
@@ -161,7 +180,7 @@ def test_a_speculation_probe_after_a_pin_restores_the_schedule_speculation_last_
 
 
 def test_a_band_where_plain_decoding_measured_faster_gets_k_0_and_the_other_bands_keep_speculating():
-    rules = RulePolicy(QUIET)
+    rules = _quiet()
     for k in (2, 4):
         rules.observe(_window("ngram", k, batch=1, seconds_per_step=0.01, accepted=0.9))
         rules.observe(_window("ngram", k, batch=16, seconds_per_step=0.05, accepted=0.1))
