@@ -17,7 +17,7 @@ from policies import Policy
 from seam import DraftLenSchedule, EngineConfig, Window
 
 DRAFTERS = ("draft_model", "ngram")
-LIGHT_BAND = 1           # batch sizes up to 2: where an untried drafter is tried (see RulePolicy._drafter)
+LIGHT_BAND = 1           # batch sizes up to 2: where an untried drafter is tried (see RulePolicy._untried_drafter)
 
 
 @dataclass
@@ -199,11 +199,12 @@ class RulePolicy:
 
     def _drafter(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
         """Switch drafter when the other drafter's model, having measured this band, predicts a gain."""
-        other = self._other_drafter(current)
-        band = _band(baseline)
-        if other is None or not (self._model(current.spec_method).ready(band) and self._model(other).ready(band)):
+        other, band = self._other_drafter(current), _band(baseline)
+        if other is None:
             return None
         mine, theirs = self._model(current.spec_method), self._model(other)
+        if not (mine.ready(band) and theirs.ready(band)):
+            return None
         best = theirs.best(self._reachable(theirs, band), band)
         raw = best.tokens_per_second / mine.predict(current.draft_len_for(_batch(baseline)), band).tokens_per_second
         candidate = learned(current.changed(spec_method=other), band, best.k, theirs.measured_bands())
