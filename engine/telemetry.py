@@ -172,7 +172,7 @@ class StepRecord:
     accepted_per_position: list[int]
     num_drafts: int
     prefill_tokens: int
-    shadow_lookups: int = 0                             # sequence-steps of plain decoding prompt lookup shadowed
+    shadow_lookups: int = 0                             # shadow drafts of prompt lookup this step resolved
     shadow_drafted_per_position: list[int] = field(default_factory=list)
     shadow_accepted_per_position: list[int] = field(default_factory=list)
     expert_tokens: torch.Tensor | None = None

@@ -13,7 +13,7 @@
 In that order, load rises from 1 to 16 sequences. Measured on 2 cores before this order and length (one run of each
 static arm through the four 20 s phases, k 8 vs plain): with prose-hot third and as long as the others, 0.72x in
 prose-hot, and the per-phase oracle 1.07-1.12x the best static config in three full runs; with prose-hot last and
-twice as long, 0.63x, and 1.16x.
+twice as long, 0.63x, and 1.16x (then in two full runs: 0.68x and 0.67x, the oracle 1.15x and 1.14x).
 
 Closed loop: each phase keeps `concurrency` requests in flight (a finished one is replaced at once), so goodput
 measures the service, not the arrival rate. One thread drives the engine as EngineService does (add, step), so the
