@@ -8,7 +8,7 @@ from policies import load_policy
 
 BENCH = ["controller", "--quick"]
 RESULT = "controller"
-PHASES = ["copy", "code", "prose-hot", "mixed"]
+PHASES = ["copy", "code", "mixed", "prose-hot"]
 ARMS = {"plain", "ngram k=8", "controller"}   # SmolLM2 speculates by prompt lookup
 RATIOS = ("controller_vs_oracle", "controller_vs_best_static", "oracle_vs_best_static", "low_acceptance_phase_vs_plain")
 
@@ -21,8 +21,8 @@ def test_writes_a_timeline_plot(out):
 def test_phases_differ_in_content_and_concurrency(data):
     assert data["command"].startswith("governor bench controller") and "--quick" in data["command"]
     assert [p["name"] for p in data["phases"]] == PHASES
-    assert [p["concurrency"] for p in data["phases"]] == [1, 2, 16, 6]
-    assert data["phases"][3]["requests_kinds"] == ["code", "copy", "prose-hot"]
+    assert [p["concurrency"] for p in data["phases"]] == [1, 2, 6, 16]
+    assert data["phases"][2]["requests_kinds"] == ["code", "copy", "prose-hot"]
 
 
 def test_repetitions_rotate_the_arm_order(data):
