@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
+from controller.window_stats import sum_arrays
 from seam import Window
 
 RECENT_WINDOWS = 5
@@ -114,7 +115,7 @@ class GoodputModel:
         drafted, accepted = list(window.drafted_per_position), list(window.accepted_per_position)
         eligible = [window.batch_size_mean * window.steps] * max(k, len(drafted))
         if self.shadowed and window.shadow_lookups:
-            drafted, accepted, eligible = (_summed(ours, theirs) for ours, theirs in (
+            drafted, accepted, eligible = (sum_arrays([ours, theirs]) for ours, theirs in (
                 (drafted, window.shadow_drafted_per_position), (accepted, window.shadow_accepted_per_position),
                 (eligible, [window.shadow_lookups] * len(window.shadow_drafted_per_position))))
         for j in range(len(eligible)):
@@ -203,11 +204,6 @@ class GoodputModel:
                 "target_seconds_per_step": {k: round(v, 6) for k, v in sorted(costs.target.per_k.items())},
                 "draft_seconds_per_step": {k: round(v, 6) for k, v in sorted(costs.draft.per_k.items())},
                 "overhead_seconds_per_step": None if costs.overhead is None else round(costs.overhead, 6)}
-
-
-def _summed(a: list[float], b: list[float]) -> list[float]:
-    """Position by position, the shorter list taken as 0 past its end."""
-    return [(a[j] if j < len(a) else 0) + (b[j] if j < len(b) else 0) for j in range(max(len(a), len(b)))]
 
 
 def _extended(shares: list[float], k: int) -> list[float]:

@@ -126,21 +126,25 @@ class RulePolicy:
         decoding there and predicts, calibrated, that k beats it by min_gain + hysteresis (the bar speculation must
         clear to come back), the probe would only spend blocks on a config known to lose; a drop in acceptance at
         this band is the model's to see (its k-0 candidate)."""
-        model, spec = self._model(method), self.policy.speculation
+        model = self._model(method)
         if not (model.ready(band) and model.measured_plain(band)):
             return False
-        return self.calibration.corrected("draft_len", model.gain(k, 0, band)) >= spec.min_gain + spec.hysteresis
+        return self._clears_reenable_bar(model, k, band)
 
     def _speculation_answered(self, band: int, baseline: Window) -> bool:
         """Has the goodput model answered what a probe of speculation at band would ask? Prompt lookup's acceptance is
         measured in the shadow of plain decoding: once its model has measured the costs of speculating at band, and
         this window's shadow lookups are in its acceptance, it predicts what the probe would measure. A calibrated
         gain below min_gain + hysteresis (the bar the probe would have to clear) answers it; above, the probe runs."""
-        model, spec = self._model(self.state.spec_method), self.policy.speculation
+        model = self._model(self.state.spec_method)
         if not (model.shadowed and baseline.shadow_lookups and model.ready(band) and model.measured_plain(band)):
             return False
-        best = model.best(self._reachable(model, band), band)
-        return self.calibration.corrected("draft_len", model.gain(best.k, 0, band)) < spec.min_gain + spec.hysteresis
+        return not self._clears_reenable_bar(model, model.best(self._reachable(model, band), band).k, band)
+
+    def _clears_reenable_bar(self, model: GoodputModel, k: int, band: int) -> bool:
+        """Does model predict, calibrated, that k beats plain decoding at band by min_gain + hysteresis?"""
+        spec = self.policy.speculation
+        return self.calibration.corrected("draft_len", model.gain(k, 0, band)) >= spec.min_gain + spec.hysteresis
 
     def _schedule_to_resume(self, current: EngineConfig, baseline: Window) -> DraftLenSchedule:
         """What speculation last ran with (judged, unlike the model's best), else the model's best k at this band."""

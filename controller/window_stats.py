@@ -51,7 +51,7 @@ def merge_windows(windows: Sequence[Window]) -> Window:
         elif name in _SUMMED:
             values[name] = sum(parts)
         elif name in _SUMMED_ARRAYS:
-            values[name] = _sum_arrays([p for p in parts if p is not None])
+            values[name] = sum_arrays([p for p in parts if p is not None])
         elif name in _MAXED:
             values[name] = max(parts)
         elif name in _STEP_WEIGHTED:
@@ -75,13 +75,15 @@ def _merge_arms(parts: list[dict[str, Window] | None]) -> dict[str, Window] | No
     return {name: merge_windows([p[name] for p in present if name in p]) for name in names}
 
 
-def _sum_arrays(parts: list) -> list | None:
+def sum_arrays(parts: list) -> list | None:
+    """Element by element (nested lists too), a part shorter than the longest counting as 0 past its end; None if
+    there are no parts."""
     if not parts:
         return None
     if not isinstance(parts[0], list):
         return sum(parts)
     length = max(len(p) for p in parts)
-    return [_sum_arrays([p[i] for p in parts if i < len(p)]) for i in range(length)]
+    return [sum_arrays([p[i] for p in parts if i < len(p)]) for i in range(length)]
 
 
 def _merge_latency(parts: list[LatencySummary]) -> LatencySummary:

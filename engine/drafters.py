@@ -72,8 +72,10 @@ def shadow_lookups(seq: Sequence, length: int, min_n: int, max_n: int) -> list[t
     probability of it, the probability with which plain decoding generates it, and a rejected draft's replacement is
     drawn as plain decoding draws that token: the shadow measures the acceptance prompt lookup would have had, at the
     cost of a lookup and no verification."""
+    at = max(seq.shadow_at, len(seq.prompt_ids) + 1, len(seq.tokens) - length - 1)
+    if at + length > len(seq.tokens):
+        return []
     history = np.asarray(seq.tokens)
-    at = max(seq.shadow_at, len(seq.prompt_ids) + 1, len(history) - length - 1)
     out = []
     while at + length <= len(history):
         found = prompt_lookup(history[:at], length, min_n, max_n)

@@ -351,13 +351,12 @@ class Engine:
         return StepRecord(
             batch_size=len(plan), queue_depth=queue_depth, step_seconds=step_seconds,
             target_seconds=target_seconds, draft_seconds=draft_seconds,
-            drafted_per_position=[sum(p > j for p in proposed) for j in range(k)],
-            accepted_per_position=[sum(a > j for a in accepted) for j in range(k)],
+            drafted_per_position=_reaching(proposed, k), accepted_per_position=_reaching(accepted, k),
             num_drafts=sum(p > 0 for p in proposed),
             prefill_tokens=sum(item.num_new for item in plan if item.prefill),
             shadow_lookups=len(shadows),
-            shadow_drafted_per_position=[sum(d > j for d, _ in shadows) for j in range(SHADOW_DRAFT_LEN)],
-            shadow_accepted_per_position=[sum(a > j for _, a in shadows) for j in range(SHADOW_DRAFT_LEN)],
+            shadow_drafted_per_position=_reaching([d for d, _ in shadows], SHADOW_DRAFT_LEN),
+            shadow_accepted_per_position=_reaching([a for _, a in shadows], SHADOW_DRAFT_LEN),
             **self._moe_figures(expert_counts))
 
     def _moe_figures(self, counts: StepCounts | None) -> dict:
@@ -455,3 +454,8 @@ def _partial_stop_length(text: str, stops: tuple[str, ...]) -> int:
     """Length of the longest tail of text that could still grow into a stop string; it is held back."""
     return max((n for stop in stops for n in range(min(len(stop) - 1, len(text)), 0, -1)
                 if stop.startswith(text[-n:])), default=0)
+
+
+def _reaching(lengths: list[int], positions: int) -> list[int]:
+    """Per draft position j < positions, how many of the drafts (or accepted runs) of these lengths reach it."""
+    return [sum(length > j for length in lengths) for j in range(positions)]
