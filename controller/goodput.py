@@ -3,9 +3,12 @@
 Per sequence-step, k drafts yield E(k) = 1 + q_0 s_0 + ... + q_{k-1} s_{k-1} tokens: q_j is the share of
 sequence-steps that drafted a token at position j (1 for a draft model; prompt lookup drafts only where the text
 matches) and s_j the share of those drafts accepted through position j. Positions never measured extrapolate
-geometrically from the last measured ratio. Prompt lookup's model also counts the lookups the engine makes in the
-shadow of plain decoding (what it would have drafted, against the tokens then generated), so its acceptance follows
-the traffic while no draft is verified.
+geometrically from the last measured ratio. Both are counted per batch-size band: what the traffic asks for moves
+with its load (a few long edits at once, many chats at once), and one acceptance for all bands proposed a larger k
+for 16 sequences of prose from the copying measured at 6 sequences a few seconds before (1.07-1.12x predicted,
+0.94-0.98x measured in the controller bench). Prompt lookup's model also counts the lookups the engine makes in
+the shadow of plain decoding (what it would have drafted, against the tokens then generated), so its acceptance
+follows the traffic while no draft is verified.
 A step costs overhead + target(k) + draft(k) seconds. Costs are measured per batch-size band (powers of two of the
 mean batch) and per k, because verification costs more as k and the batch grow. A cost is the lowest of the last few
 windows' figures: other work on the machine only ever adds time. With several k measured in a band: between and
@@ -68,7 +71,32 @@ class _Costs:
 
 
 @dataclass
+class _Acceptance:
+    """Counts per draft position, each window's added to the older ones decayed by (1 - memory)."""
+    drafted: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+    eligible: list[float] = field(default_factory=list)    # sequence-steps that could draft at each position (j < k)
+
+    def add(self, drafted: list, accepted: list, eligible: list, memory: float) -> None:
+        for j in range(len(eligible)):
+            if j >= len(self.drafted):
+                self.drafted.append(0.0)
+                self.accepted.append(0.0)
+                self.eligible.append(0.0)
+            self.drafted[j] = (1 - memory) * self.drafted[j] + (drafted[j] if j < len(drafted) else 0)
+            self.accepted[j] = (1 - memory) * self.accepted[j] + (accepted[j] if j < len(accepted) else 0)
+            self.eligible[j] = (1 - memory) * self.eligible[j] + eligible[j]
+
+    def survival(self) -> list[float]:
+        return [a / d for d, a in zip(self.drafted, self.accepted) if d > 0]
+
+    def drafting(self) -> list[float]:
+        return [min(d / e, 1.0) for d, e in zip(self.drafted, self.eligible) if d > 0]
+
+
+@dataclass
 class _Band:
+    acceptance: _Acceptance = field(default_factory=_Acceptance)
     target: _Costs = field(default_factory=_Costs)
     draft: _Costs = field(default_factory=_Costs)
     overheads: deque = field(default_factory=lambda: deque(maxlen=RECENT_WINDOWS))
@@ -92,11 +120,8 @@ class Prediction:
 
 class GoodputModel:
     def __init__(self, memory: float = 0.5, shadowed: bool = False):
-        self.memory = memory                 # weight of the newest window in the acceptance counts
+        self.memory = memory                 # weight of the newest window in a band's acceptance counts
         self.shadowed = shadowed             # prompt lookup's model: plain decoding's shadow lookups count as drafts
-        self.drafted: list[float] = []       # decayed counts per draft position
-        self.accepted: list[float] = []
-        self.eligible: list[float] = []      # decayed sequence-steps that could draft at each position (j < k)
         self.bands: dict[int, _Band] = {}
         self.verified: deque = deque(maxlen=SLOPE_WINDOWS)    # (tokens verified per step, target seconds per step)
 
@@ -118,18 +143,11 @@ class GoodputModel:
             drafted, accepted, eligible = (sum_arrays([ours, theirs]) for ours, theirs in (
                 (drafted, window.shadow_drafted_per_position), (accepted, window.shadow_accepted_per_position),
                 (eligible, [window.shadow_lookups] * len(window.shadow_drafted_per_position))))
-        for j in range(len(eligible)):
-            if j >= len(self.drafted):
-                self.drafted.append(0.0)
-                self.accepted.append(0.0)
-                self.eligible.append(0.0)
-            self.drafted[j] = (1 - self.memory) * self.drafted[j] + (drafted[j] if j < len(drafted) else 0)
-            self.accepted[j] = (1 - self.memory) * self.accepted[j] + (accepted[j] if j < len(accepted) else 0)
-            self.eligible[j] = (1 - self.memory) * self.eligible[j] + eligible[j]
+        band.acceptance.add(drafted, accepted, eligible, self.memory)
 
     def ready(self, band: int) -> bool:
         costs = self.bands.get(band)
-        return costs is not None and bool(costs.target.per_k) and bool(costs.draft.per_k) and bool(self.survival())
+        return costs is not None and bool(costs.target.per_k) and bool(costs.draft.per_k) and bool(self.survival(band))
 
     def measured_bands(self) -> set[int]:
         return {band for band in self.bands if self.ready(band)}
@@ -141,22 +159,22 @@ class GoodputModel:
     def measured_ks(self, band: int) -> list[int]:
         return sorted(self.bands[band].draft.per_k) if band in self.bands else []
 
-    def survival(self) -> list[float]:
-        """s_j: share of drafts accepted through position j, for the positions measured."""
-        return [a / d for d, a in zip(self.drafted, self.accepted) if d > 0]
+    def survival(self, band: int) -> list[float]:
+        """s_j at band: share of drafts accepted through position j, for the positions measured."""
+        return self.bands[band].acceptance.survival() if band in self.bands else []
 
-    def drafting(self) -> list[float]:
-        """q_j: share of sequence-steps that drafted a token at position j (of those whose k allowed one), for the
-        positions measured."""
-        return [min(d / e, 1.0) for d, e in zip(self.drafted, self.eligible) if d > 0]
+    def drafting(self, band: int) -> list[float]:
+        """q_j at band: share of sequence-steps that drafted a token at position j (of those whose k allowed one), for
+        the positions measured."""
+        return self.bands[band].acceptance.drafting() if band in self.bands else []
 
-    def expected_tokens(self, k: int) -> float:
+    def expected_tokens(self, k: int, band: int) -> float:
         """Tokens per sequence-step at k: 1 + sum over positions j < k of q_j s_j."""
-        return 1.0 + sum(q * s for q, s in zip(_extended(self.drafting(), k), _extended(self.survival(), k)))
+        return 1.0 + sum(q * s for q, s in zip(_extended(self.drafting(band), k), _extended(self.survival(band), k)))
 
-    def drafted_tokens(self, k: int) -> float:
+    def drafted_tokens(self, k: int, band: int) -> float:
         """D(k): tokens drafted per sequence-step at k."""
-        return sum(_extended(self.drafting(), k))
+        return sum(_extended(self.drafting(band), k))
 
     def seconds_per_verified_token(self) -> float | None:
         """The target's marginal cost of one more token in a step, >= 0; None until recent windows verified
@@ -171,22 +189,24 @@ class GoodputModel:
 
     def predict(self, k: int, band: int) -> Prediction:
         costs = self.bands[band]
-        target = costs.target.at(k, lambda k0, cost: self._target_moved(cost, k0, k, float(np.mean(costs.batch))))
-        draft = 0.0 if k == 0 else costs.draft.at(k, lambda k0, cost: self._draft_scaled(cost, k0, k))
-        return Prediction(k, self.expected_tokens(k) if k > 0 else 1.0, max(costs.overhead + target + draft, 1e-9))
+        target = costs.target.at(k, lambda k0, cost: self._target_moved(cost, k0, k, band))
+        draft = 0.0 if k == 0 else costs.draft.at(k, lambda k0, cost: self._draft_scaled(cost, k0, k, band))
+        return Prediction(k, self.expected_tokens(k, band) if k > 0 else 1.0,
+                          max(costs.overhead + target + draft, 1e-9))
 
-    def _target_moved(self, cost: float, k0: int, k: int, batch: float) -> float:
+    def _target_moved(self, cost: float, k0: int, k: int, band: int) -> float:
         """The target's cost at k from its cost at k0: the verified tokens k adds (or removes), at the measured
         seconds per verified token (unchanged while that is not measured yet)."""
         per_token = self.seconds_per_verified_token()
         if per_token is None:
             return cost
-        return max(cost + per_token * batch * (self.drafted_tokens(k) - self.drafted_tokens(k0)), 0.0)
+        batch = float(np.mean(self.bands[band].batch))
+        return max(cost + per_token * batch * (self.drafted_tokens(k, band) - self.drafted_tokens(k0, band)), 0.0)
 
-    def _draft_scaled(self, cost: float, k0: int, k: int) -> float:
+    def _draft_scaled(self, cost: float, k0: int, k: int, band: int) -> float:
         """The drafter's cost at k from its cost at k0: in proportion to the positions drafted."""
-        drafted = self.drafted_tokens(k0)
-        return cost * self.drafted_tokens(k) / drafted if drafted > 0 else cost
+        drafted = self.drafted_tokens(k0, band)
+        return cost * self.drafted_tokens(k, band) / drafted if drafted > 0 else cost
 
     def gain(self, candidate: int, current: int, band: int) -> float:
         """Predicted tokens per busy second at candidate over current."""
@@ -198,7 +218,8 @@ class GoodputModel:
     def describe(self, band: int) -> dict:
         costs = self.bands.get(band, _Band())
         per_token = self.seconds_per_verified_token()
-        return {"survival": [round(s, 4) for s in self.survival()], "drafting": [round(q, 4) for q in self.drafting()],
+        return {"survival": [round(s, 4) for s in self.survival(band)],
+                "drafting": [round(q, 4) for q in self.drafting(band)],
                 "batch_band": band,
                 "seconds_per_verified_token": None if per_token is None else round(per_token, 7),
                 "target_seconds_per_step": {k: round(v, 6) for k, v in sorted(costs.target.per_k.items())},

@@ -61,15 +61,16 @@ def test_a_step_cost_measured_once_is_held_flat_until_the_price_per_token_is_kno
 def test_prompt_lookup_that_drafts_on_few_steps_yields_tokens_on_those_steps_only():
     model = GoodputModel()
     model.observe(_window(4, 2, drafting=0.25, accepted=0.5))
-    assert model.drafting() == pytest.approx([0.25] * 4)
-    assert model.expected_tokens(4) == pytest.approx(1 + 0.25 * sum(0.5 ** (j + 1) for j in range(4)), rel=0.01)
+    assert model.drafting(batch_band(2)) == pytest.approx([0.25] * 4)
+    assert model.expected_tokens(4, batch_band(2)) == pytest.approx(
+        1 + 0.25 * sum(0.5 ** (j + 1) for j in range(4)), rel=0.01)
 
 
 def test_positions_only_a_larger_k_reaches_are_shared_over_the_steps_that_could_draft_them():
     model = GoodputModel()
     for k in (4, 8, 4):
         model.observe(_window(k, 1, drafting=0.5))
-    assert model.drafting() == pytest.approx([0.5] * 8)
+    assert model.drafting(batch_band(1)) == pytest.approx([0.5] * 8)
 
 
 def _shadowed(window: Window, accepted: float, lookups: int = 400, positions: int = 8) -> Window:
@@ -86,6 +87,19 @@ def test_prompt_lookups_model_takes_its_acceptance_from_the_shadow_of_plain_deco
         model.observe(_window(4, batch=1, accepted=0.9))
         model.observe(_shadowed(_window(0, batch=1), accepted=0.2))
         model.observe(_shadowed(_window(0, batch=1), accepted=0.2))
-    assert draft.survival()[0] == pytest.approx(0.9)                   # plain decoding says nothing of its drafts
-    assert lookup.survival()[0] < 0.4 and len(lookup.survival()) == 8  # mostly the last windows' shadow
-    assert lookup.expected_tokens(4) < draft.expected_tokens(4)
+    band = batch_band(1)
+    assert draft.survival(band)[0] == pytest.approx(0.9)                   # plain decoding says nothing of its drafts
+    assert lookup.survival(band)[0] < 0.4 and len(lookup.survival(band)) == 8  # mostly the last windows' shadow
+    assert lookup.expected_tokens(4, band) < draft.expected_tokens(4, band)
+
+
+def test_each_batch_band_predicts_from_the_acceptance_measured_there():
+    """Copying at 1 sequence, then prose at 16: the band of 16 sequences does not borrow the copying's acceptance."""
+    model = GoodputModel()
+    for _ in range(3):
+        model.observe(_window(4, 1, accepted=0.9))
+    model.observe(_window(4, 16, accepted=0.2))
+    light, heavy = batch_band(1), batch_band(16)
+    assert model.survival(light)[0] == pytest.approx(0.9) and model.survival(heavy)[0] == pytest.approx(0.2)
+    assert model.gain(6, 4, light) > 1 > model.gain(6, 4, heavy)
+    assert model.survival(batch_band(4)) == [] and not model.ready(batch_band(4))
