@@ -26,7 +26,6 @@ class RuleState:
     models: dict[str, GoodputModel] = field(default_factory=lambda: {
         m: GoodputModel(shadowed=m == "ngram") for m in DRAFTERS})
     last_mode_probe: int = 0                             # window index of the last speculation on/off probe
-    mode_probe_band: int = 0                             # the batch band of the last mode probe
     fallback_probes_lost: dict[int, int] = field(default_factory=dict)   # band -> probes of plain decoding in a
                                                                          # row that plain decoding lost there
     last_drafter_probe: int | None = None                # window index of the last try of the other drafter
@@ -59,7 +58,7 @@ class RulePolicy:
         if outcome != "kept":
             self.state.rejected[(proposal.kind, _value(proposal))] = window_index
         if proposal.kind == "fallback_probe":
-            lost, band = self.state.fallback_probes_lost, self.state.mode_probe_band
+            lost, band = self.state.fallback_probes_lost, proposal.inputs["band"]
             lost[band] = 0 if outcome == "kept" else lost.get(band, 0) + 1
 
     def released(self, config: EngineConfig) -> None:
@@ -67,7 +66,8 @@ class RulePolicy:
         reprobe_windows (a pin that turned speculation off should not keep it off once lifted)."""
         self.state.last_mode_probe = -self.policy.speculation.reprobe_windows
         self.state.fallback_probes_lost.clear()
-        self.state.rejected.pop(("speculation_probe", "speculation_probe"), None)
+        for probe in [key for key in self.state.rejected if key[0] == "speculation_probe"]:
+            del self.state.rejected[probe]
 
     def propose(self, current: EngineConfig, baseline: Window, window_index: int) -> Proposal | None:
         if current.spec_method != "off":
@@ -100,7 +100,7 @@ class RulePolicy:
             return None
         if not speculating and self._speculation_answered(band, baseline):
             return None
-        state.last_mode_probe, state.mode_probe_band = index, band
+        state.last_mode_probe = index
         inputs = {**self._inputs(current, baseline), "band": band}
         if speculating:
             state.band_k[band] = k_now
@@ -332,7 +332,10 @@ def _slot_heat(heat: np.ndarray, phy2log: list[list[int]]) -> np.ndarray:
 
 def _value(proposal: Proposal) -> object:
     """What a reverted proposal is remembered by: a drafter by itself, whatever its k (its model's best k moves from
-    window to window, and a switch to it at k 6, 5, 8 and 4 in turn measured the same 1.05-1.11x)."""
+    window to window, and a switch to it at k 6, 5, 8 and 4 in turn measured the same 1.05-1.11x); a probe of the
+    other speculation mode by its batch band (plain decoding that lost at 6 sequences says nothing of 16, and
+    remembered by kind alone it held off the probe at 16 sequences for a whole phase of the controller bench)."""
     config = proposal.config
     return {"draft_len": config.k_schedule, "spec_method": config.spec_method,
-            "capacity_factor": config.capacity_factor}.get(proposal.kind, proposal.kind)
+            "capacity_factor": config.capacity_factor, "fallback_probe": proposal.inputs.get("band"),
+            "speculation_probe": proposal.inputs.get("band")}.get(proposal.kind, proposal.kind)

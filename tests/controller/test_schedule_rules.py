@@ -244,6 +244,19 @@ def test_a_probe_of_plain_decoding_covers_the_band_the_load_is_in_and_speculatio
     assert [back.config.draft_len_for(b) for b in (1, 16)] == [8, 4]
 
 
+def test_a_probe_of_plain_decoding_that_lost_at_one_band_does_not_hold_off_the_probe_at_the_next():
+    rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1}, "trial": {"retry_windows": 5}}))
+    rules.state.unavailable.add("draft_model")
+    current = EngineConfig(spec_method="ngram", draft_len=4)
+    mixed = _window("ngram", 4, batch=6, seconds_per_step=0.03, accepted=0.6)
+    probe = rules.propose(current, mixed, 1)
+    assert probe.kind == "fallback_probe" and "batch band 3" in probe.reason
+    rules.finished(probe, "reverted", None, 1)
+    assert rules.propose(current, mixed, 2) is None                     # band 3 backs off
+    heavy = rules.propose(current, _window("ngram", 4, batch=16, seconds_per_step=0.05, accepted=0.1), 2)
+    assert heavy.kind == "fallback_probe" and "batch band 4" in heavy.reason
+
+
 def test_a_probe_of_plain_decoding_where_no_other_band_drafts_turns_speculation_off():
     rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1}}))
     rules.state.unavailable.add("draft_model")
