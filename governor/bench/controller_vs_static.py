@@ -61,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=SHIPPED_NAMES, default=SMOLLM2,
                         help="the target; its default drafter is the static arms' (SmolLM2: prompt lookup, as it "
                              "copies from its prompt)")
-    parser.add_argument("--phase-seconds", type=float, default=20.0, help="length of each of the four phases")
+    parser.add_argument("--phase-seconds", type=float, default=20.0,
+                        help="mean length of the four phases (mixed is half of it, prose-hot one and a half)")
     parser.add_argument("--repetitions", type=report.int_in(1, 20), default=3,
                         help="whole runs, the arm order rotated each time")
     parser.add_argument("--passes", type=report.int_in(1, 10), default=2,
