@@ -16,7 +16,10 @@ does not reject. Three outcomes:
 - better: the interval's lower bound clears keep_gain (keep the candidate);
 - worse: its upper bound is below keep_gain (the candidate cannot clear the bar: revert);
 - no_difference: the interval lies within keep_gain x [1 / (1 + margin), 1 + margin] (stop, keep the incumbent);
-otherwise the trial goes on, up to max_blocks, and then ends inconclusive (keep the incumbent).
+otherwise the trial goes on, up to max_blocks, and then ends inconclusive (keep the incumbent). With
+futility_confidence set, a look that is not the last also stops it as futile (keep the incumbent) when "ratio >=
+keep_gain" is rejected at that lower one-sided confidence: a non-binding futility bound, which can only keep the
+incumbent, so it spends none of the error rate of keeping a candidate.
 Looks happen every min_samples pairs, K = max_blocks // (2 * min_samples) of them planned. Look k spends a share of
 the error rate 1 - confidence in proportion to k, and the last look (max_blocks reached, or look K) spends whatever
 the earlier looks left: the shares sum to 1 - confidence, so (by Bonferroni) stopping at the first decisive look
@@ -37,7 +40,7 @@ from scipy import stats
 from policies import JudgePolicy
 from seam import Block, EngineConfig
 
-BETTER, WORSE, NO_DIFFERENCE, INCONCLUSIVE = "better", "worse", "no_difference", "inconclusive"
+BETTER, WORSE, NO_DIFFERENCE, FUTILE, INCONCLUSIVE = "better", "worse", "no_difference", "futile", "inconclusive"
 EXACT_UP_TO = 25      # pairs up to which the signed-rank test uses its exact null distribution
 MIN_PAIRS_TO_ADJUST = 8   # fewer pairs than this are not adjusted for batch size: a slope from them is mostly noise
 
@@ -290,6 +293,8 @@ class SwitchbackJudge:
         ratios, slope = paired_log_ratios(incumbent, candidate, [i.decode_batch_size for i, _ in pairs],
                                           [c.decode_batch_size for _, c in pairs])
         outcome = classify(ratios, confidence, self.keep_gain, self.settings.margin)
+        if outcome is None and not final and self._futile(ratios):
+            outcome = FUTILE
         if outcome is None and not final:
             return Verdict(None, "not decisive yet", len(pairs), blocks, self._looked, self.looks, confidence,
                            self.keep_gain)
@@ -307,6 +312,12 @@ class SwitchbackJudge:
                         "incumbent_inter_token_seconds": [i.inter_token_seconds for i, _ in pairs],
                         "candidate_inter_token_seconds": [c.inter_token_seconds for _, c in pairs]})
 
+    def _futile(self, log_ratios: np.ndarray) -> bool:
+        """Is "ratio >= keep_gain" rejected at futility_confidence (one-sided)?"""
+        futility = self.settings.futility_confidence
+        return futility is not None and len(log_ratios) >= 2 and \
+            _p(log_ratios - math.log(self.keep_gain), "less") < 1 - futility
+
     def _reason(self, outcome: str, comparison: Comparison | None, confidence: float, pairs: int, blocks: int) -> str:
         if comparison is None:
             return f"{pairs} block pairs that can be tested after {blocks} blocks: inconclusive"
@@ -317,4 +328,7 @@ class SwitchbackJudge:
                     WORSE: f"upper bound below {self.keep_gain:.3f}x",
                     NO_DIFFERENCE: f"within {self.keep_gain:.3f}x +/- {self.settings.margin:.0%}: no difference",
                     INCONCLUSIVE: f"not decisive after {blocks} blocks: inconclusive"}
+        if outcome == FUTILE:
+            return (f"{measured}: below {self.keep_gain:.3f}x at {self.settings.futility_confidence:.0%} one-sided "
+                    "confidence: futile")
         return f"{measured}: {verdicts[outcome]}"

@@ -54,7 +54,7 @@ class OptunaSearch:
 
     def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int) -> None:
         trial = proposal.optuna_trial
-        judged = ("kept", "reverted", "no_difference", "inconclusive")
+        judged = ("kept", "reverted", "no_difference", "futile", "inconclusive")
         if window is not None and outcome in (*judged, "cut_short"):
             trial.set_constraint("slo_excess_seconds", self._slo_excess(window))   # > 0: the SLO was broken
             trial.set_user_attr("outcome", outcome)

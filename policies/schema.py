@@ -76,6 +76,11 @@ class JudgePolicy(_Section):
     margin: float = Field(0.03, gt=0.0, le=1.0, description=(
         "an interval within keep_gain x [1 / (1 + margin), 1 + margin] means no difference: the trial stops and "
         "the incumbent stays"))
+    futility_confidence: float | None = Field(None, ge=0.5, lt=1.0, description=(
+        "stop a trial at a look that is not the last, incumbent kept (outcome futile), when 'candidate / incumbent >= "
+        "keep_gain' is rejected at this one-sided confidence: a candidate unlikely to clear the bar frees the trial "
+        "slot. It only ever keeps the incumbent, so a kept candidate's error rate stays within confidence; unset: "
+        "no such stop"))
 
     @field_validator("max_blocks")
     @classmethod

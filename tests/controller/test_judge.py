@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from controller.judge import (BETTER, INCONCLUSIVE, NO_DIFFERENCE, WORSE, SwitchbackJudge, compare, look_shares,
-                              paired_log_ratios, same_tokens)
+from controller.judge import (BETTER, FUTILE, INCONCLUSIVE, NO_DIFFERENCE, WORSE, SwitchbackJudge, compare,
+                              look_shares, paired_log_ratios, same_tokens)
 from engine.switchback import ORDER
 from policies import JudgePolicy
 from seam import Block, EngineConfig
@@ -91,6 +91,25 @@ def test_aa_trials_rarely_claim_a_difference():
     rng = np.random.default_rng(9)
     outcomes = [run(1.0, 0.15, rng).outcome for _ in range(120)]
     assert sum(o in (BETTER, WORSE) for o in outcomes) <= 3
+
+
+FUTILITY = SETTINGS.model_copy(update={"futility_confidence": 0.8})
+
+
+def test_a_candidate_unlikely_to_clear_the_bar_stops_futile_at_an_early_look_and_keeps_the_incumbent():
+    # 5 % slower under 20 % noise: not decisively worse at the first look, but clearly not clearing 1.0.
+    plain, futile = run(0.95, 0.2, np.random.default_rng(14)), run(0.95, 0.2, np.random.default_rng(14), settings=FUTILITY)
+    assert plain.outcome != FUTILE and plain.look > 1
+    assert futile.outcome == FUTILE and futile.look < futile.looks and futile.comparison.effect < 1.0
+    assert "futile" in futile.reason
+
+
+def test_the_futility_stop_never_keeps_a_candidate_and_rarely_stops_one_that_clears_the_bar():
+    rng = np.random.default_rng(15)
+    aa = [run(1.0, 0.15, rng, settings=FUTILITY).outcome for _ in range(120)]
+    assert sum(o in (BETTER, WORSE) for o in aa) <= 3                  # the error rate of a verdict is untouched
+    faster = [run(1.15, 0.15, rng, settings=FUTILITY).outcome for _ in range(60)]
+    assert faster.count(FUTILE) <= 3 and faster.count(BETTER) >= 54
 
 
 def test_an_untestable_sample_gives_no_comparison():

@@ -29,6 +29,7 @@ def test_shipped_policy_names_resolve():
     ("judge:\n  block_steps: 0\n", "judge.block_steps", "allowed: >= 1, <= 10000"),
     ("judge:\n  min_samples: 10\n  max_blocks: 12\n", "judge.max_blocks", "must be >= 2 * min_samples (20)"),
     ("judge:\n  margin: 0\n", "judge.margin", "allowed: > 0.0, <= 1.0"),
+    ("judge:\n  futility_confidence: 1\n", "judge.futility_confidence", "allowed: >= 0.5, < 1.0"),
     ("judge:\n  looks: 3\n", "judge.looks", "allowed fields: block_steps, confidence, min_samples, max_blocks"),
 ])
 def test_policy_check_names_file_field_and_allowed_values(tmp_path, capsys, text, field, allowed):
