@@ -92,8 +92,8 @@ class RunResult:
 
 
 def phases(tokenizer, seconds: float, max_tokens: int, seed: int = 0) -> list[PhaseSpec]:
-    """The four phases, seconds x PHASE_SHARES long; each request's max_tokens is max_tokens x one of LENGTHS in turn, so that the requests of a
-    closed loop do not all start and finish together."""
+    """The four phases, seconds x PHASE_SHARES long; each request's max_tokens is max_tokens x one of LENGTHS in
+    turn, so that the requests of a closed loop do not all start and finish together."""
     def jobs(kind: str, texts: list[str], temperature: float, length: float = 1.0) -> tuple[Job, ...]:
         return tuple(Job(kind, tuple(tokenizer.encode(text)), SamplingParams(
             max_tokens=max(1, round(max_tokens * length * LENGTHS[i % len(LENGTHS)])), temperature=temperature,

@@ -155,6 +155,9 @@ def test_a_drafter_never_measured_is_tried_at_the_first_light_window_before_k_is
     rules.finished(tried, "reverted", None, 1)
     rules.observe(_window("draft_model", 4, batch=1, seconds_per_step=0.05, accepted=0.5))   # its arm, measured
     assert rules.propose(current, copying, 2).kind == "draft_len"          # k for prompt lookup next
+    code = _window("ngram", 4, batch=2, seconds_per_step=0.012, accepted=0.6)
+    rules.observe(code)
+    assert rules.propose(current, code, 9).kind != "spec_method"           # not tried again at the next light band
 
 
 def test_k_for_the_band_the_load_is_in_leaves_the_learned_band_alone():
