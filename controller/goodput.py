@@ -12,7 +12,7 @@ follows the traffic while no draft is verified.
 A step costs overhead + target(k) + draft(k) seconds. Costs are measured per batch-size band (powers of two of the
 mean batch) and per k, because verification costs more as k and the batch grow. A cost is the lowest of the last few
 windows' figures: other work on the machine only ever adds time. With several k measured in a band: between and
-above them a line through them (slope >= 0), below them the smallest k's cost. With one k0 measured there, the
+above them a line through them (slope >= 0). With one k0 measured there, or below the smallest k0 measured, the
 target's cost moves by the seconds per verified token (the Theil-Sen slope of target seconds per step on tokens
 verified per step, over recent windows of every band) times the tokens k adds or removes, batch x (D(k) - D(k0))
 with D(k) = q_0 + ... + q_{k-1} drafted per sequence-step; the drafter's cost scales by D(k) / D(k0).
@@ -53,14 +53,15 @@ class _Costs:
         return {k: min(values) for k, values in self.recent.items()}
 
     def at(self, k: int, one_point=None) -> float | None:
-        """The cost at k: measured, on the line through the k measured, or (one k measured) one_point(k0, cost)."""
+        """The cost at k: measured, on the line through the k measured, or (one k measured, or k below those
+        measured) one_point(k0, cost) from the smallest k0 measured."""
         per_k = self.per_k
         if not per_k:
             return None
         if k in per_k:
             return per_k[k]
         ks = sorted(per_k)
-        if len(ks) == 1 and one_point is not None:
+        if (len(ks) == 1 or k < ks[0]) and one_point is not None:
             return one_point(ks[0], per_k[ks[0]])
         if len(ks) == 1 or k < ks[0]:
             return per_k[ks[0]]
@@ -155,6 +156,11 @@ class GoodputModel:
     def measured_plain(self, band: int) -> bool:
         """Has a window of plain decoding measured the target's cost at k = 0 in band?"""
         return band in self.bands and 0 in self.bands[band].target.per_k
+
+    def predicts_plain(self, band: int) -> bool:
+        """Can the model predict plain decoding's cost at band: measured there, or moved from a k measured there by the
+        seconds per verified token?"""
+        return self.measured_plain(band) or (self.ready(band) and self.seconds_per_verified_token() is not None)
 
     def measured_ks(self, band: int) -> list[int]:
         return sorted(self.bands[band].draft.per_k) if band in self.bands else []

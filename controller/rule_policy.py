@@ -122,12 +122,14 @@ class RulePolicy:
                         keep_gain=threshold, inputs=inputs)
 
     def _plain_answered(self, method: str, band: int, k: int) -> bool:
-        """Has the goodput model answered what a probe of plain decoding at band would ask? Once it has measured plain
-        decoding there and predicts, calibrated, that k beats it by min_gain + hysteresis (the bar speculation must
-        clear to come back), the probe would only spend blocks on a config known to lose; a drop in acceptance at
-        this band is the model's to see (its k-0 candidate)."""
+        """Has the goodput model answered what a probe of plain decoding at band would ask? Once it predicts plain
+        decoding's cost there (measured, or moved from speculation's by the tokens it would no longer verify) and
+        predicts, calibrated, that k beats it by min_gain + hysteresis (the bar speculation must clear to come back),
+        the probe would only spend blocks on a config known to lose: in the controller bench, probes at 1 sequence of
+        copying measured 0.39-0.45x and took a phase's last seconds from the k trial there. A drop in acceptance at
+        this band is the model's to see (the gain falls below the bar, and the probe runs)."""
         model = self._model(method)
-        if not (model.ready(band) and model.measured_plain(band)):
+        if not (model.ready(band) and model.predicts_plain(band)):
             return False
         return self._clears_reenable_bar(model, k, band)
 

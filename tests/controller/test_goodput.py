@@ -103,3 +103,13 @@ def test_each_batch_band_predicts_from_the_acceptance_measured_there():
     assert model.survival(light)[0] == pytest.approx(0.9) and model.survival(heavy)[0] == pytest.approx(0.2)
     assert model.gain(6, 4, light) > 1 > model.gain(6, 4, heavy)
     assert model.survival(batch_band(4)) == [] and not model.ready(batch_band(4))
+
+
+def test_below_the_ks_measured_the_target_costs_the_tokens_it_no_longer_verifies():
+    model = GoodputModel()
+    for k, batch in ((4, 1), (8, 1), (4, 16)):
+        model.observe(_window(k, batch))
+    band = batch_band(1)
+    assert model.measured_ks(band) == [4, 8] and not model.measured_plain(band)
+    plain = model.predict(0, band).seconds_per_step
+    assert plain == pytest.approx(FIXED + PER_TOKEN + OVERHEAD, rel=0.02)    # one token verified, nothing drafted

@@ -98,7 +98,8 @@ FUTILITY = SETTINGS.model_copy(update={"futility_confidence": 0.8})
 
 def test_a_candidate_unlikely_to_clear_the_bar_stops_futile_at_an_early_look_and_keeps_the_incumbent():
     # 5 % slower under 20 % noise: not decisively worse at the first look, but clearly not clearing 1.0.
-    plain, futile = run(0.95, 0.2, np.random.default_rng(14)), run(0.95, 0.2, np.random.default_rng(14), settings=FUTILITY)
+    plain = run(0.95, 0.2, np.random.default_rng(14))
+    futile = run(0.95, 0.2, np.random.default_rng(14), settings=FUTILITY)
     assert plain.outcome != FUTILE and plain.look > 1
     assert futile.outcome == FUTILE and futile.look < futile.looks and futile.comparison.effect < 1.0
     assert "futile" in futile.reason

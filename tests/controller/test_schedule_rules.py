@@ -300,6 +300,22 @@ def test_a_probe_of_plain_decoding_is_left_out_where_the_model_measured_it_losin
     assert probe.kind == "fallback_probe" and [probe.config.draft_len_for(b) for b in (1, 2)] == [0, 4]
 
 
+def test_a_probe_of_plain_decoding_is_left_out_where_the_model_predicts_it_losing_from_the_tokens_it_would_not_verify():
+    rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1, "k_max": 4}}))
+    rules.state.unavailable.add("draft_model")
+    current = EngineConfig(spec_method="ngram", draft_len=4)
+    copying = _window("ngram", 4, batch=1, seconds_per_step=0.01, accepted=0.9)
+    prose = _window("ngram", 4, batch=4, seconds_per_step=0.01, accepted=0.1)
+    for window in (copying, copying, prose):                 # never plain: the price per verified token from two loads
+        rules.observe(window)
+    model = rules.state.models["ngram"]
+    assert not model.measured_plain(0) and model.predicts_plain(0)
+    assert rules.calibration.corrected("draft_len", model.gain(4, 0, 0)) > 1.10
+    assert rules.propose(current, copying, 1) is None                    # k 4 beats plain by the bar: nothing to ask
+    probe = rules.propose(current, prose, 2)                             # 4 sequences accepting little: asked
+    assert probe.kind == "fallback_probe" and "batch band 2" in probe.reason
+
+
 def _plain_shadowed(batch: float, seconds_per_step: float, shadow_accepted: float) -> Window:
     """A window of plain decoding whose shadow lookups drafted 8 tokens at each sequence-step, each accepted through
     position j with probability shadow_accepted ** (j + 1)."""
