@@ -10,10 +10,12 @@
   decoding rather than the 16 prefills at its start fills the phase. It comes last: requests still in flight at a
   phase's end finish in the next, and 16 of them would swell the mixed phase's goodput by as much under every config.
 
-Phase lengths are shares of --phase-seconds (PHASE_SHARES, mean 1): mixed half of it, prose-hot one and a half. At
-equal lengths the per-phase oracle was 1.14x and 1.15x the best static config (k 8) in two full runs, at the bar
-a workload that tests adaptation must clear; the long prose-hot phase, where the oracle decodes plainly and k 8 runs
-at 0.67x, is where the configs part most, and the short mixed phase is where they part least (k 4 and k 8 within 3 %).
+Phase lengths are shares of --phase-seconds (PHASE_SHARES, mean 1): copy and prose-hot one and a half of it, code
+and mixed half. Copy and prose-hot need opposite configs (k 8 at 2.3-2.5x plain in copy, at 0.67-0.73x in
+prose-hot); in code and mixed the configs lie within the noise of each other, and their best flipped between runs
+(code: k 8, k 8, plain; mixed: k 4, k 8, k 2). At equal lengths the per-phase oracle was 1.15x and 1.14x the best
+static config, at the bar a workload that tests adaptation must clear; with prose-hot alone lengthened (1, 1, 0.5,
+1.5), a compromise (k 2, near plain in prose-hot) became the best static config and the oracle 1.13x.
 
 In that order, load rises from 1 to 16 sequences. Measured on 2 cores before this order and length (one run of each
 static arm through the four 20 s phases, k 8 vs plain): with prose-hot third and as long as the others, 0.72x in
@@ -41,7 +43,7 @@ COPY_SNIPPET_BYTES = 400
 COPY_LENGTH = 4           # less of the phase goes to prefill, the same under every config (k 8 vs plain, 15 s
                           # probes: 2.6x at 2, 2.7x at 4; 2.0x in a 20 s phase of the bench at 2)
 PROSE_LENGTH = 2
-PHASE_SHARES = {COPY: 1.0, CODE: 1.0, MIXED: 0.5, PROSE: 1.5}
+PHASE_SHARES = {COPY: 1.5, CODE: 0.5, MIXED: 0.5, PROSE: 1.5}
 PROSE_TEMPERATURE = 1.0    # at 1.5 prompt lookup rarely finds a match to draft, so k costs little (k = 8: 0.93x plain)
 
 

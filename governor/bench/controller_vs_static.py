@@ -62,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the target; its default drafter is the static arms' (SmolLM2: prompt lookup, as it "
                              "copies from its prompt)")
     parser.add_argument("--phase-seconds", type=float, default=20.0,
-                        help="mean length of the four phases (mixed is half of it, prose-hot one and a half)")
+                        help="mean length of the four phases (copy and prose-hot one and a half of it, code and "
+                             "mixed half)")
     parser.add_argument("--repetitions", type=report.int_in(1, 20), default=3,
                         help="whole runs, the arm order rotated each time")
     parser.add_argument("--passes", type=report.int_in(1, 10), default=2,
