@@ -43,6 +43,7 @@ from seam import Block, EngineConfig
 BETTER, WORSE, NO_DIFFERENCE, FUTILE, INCONCLUSIVE = "better", "worse", "no_difference", "futile", "inconclusive"
 EXACT_UP_TO = 25      # pairs up to which the signed-rank test uses its exact null distribution
 MIN_PAIRS_TO_ADJUST = 8   # fewer pairs than this are not adjusted for batch size: a slope from them is mostly noise
+MOVED_PAIRS = 8       # decoded pairs in a row that step alike: the load left the batch sizes a trial changes
 
 
 @dataclass(frozen=True)
@@ -230,14 +231,16 @@ class SwitchbackJudge:
         return [pair for pair in self._closed_pairs() if not self._alike(*pair)]
 
     def load_moved(self) -> bool:
-        """Did the last min_samples closed pairs that decoded (each block ran a step without prefill) all run where the
+        """Did the last MOVED_PAIRS closed pairs that decoded (each block ran a step without prefill) all run where the
         two configs step alike? The load left the batch sizes the trial changes, and waiting for it to come back would
         hold every other trial up. A pair with a prefill-only block says nothing of where the load is: under churn
         (a finished request replaced at once) such pairs fall among the others, and counting them as not alike kept a
-        trial at 2 sequences running through 40 s of heavier load in the controller bench."""
+        trial at 2 sequences running through 40 s of heavier load in the controller bench. MOVED_PAIRS rather than a
+        look's min_samples: 16 pairs at 16 sequences took 10-30 s there, and a probe at 6-11 sequences held the one
+        trial slot until the last second of the phase at 16."""
         decoded = [pair for pair in self._closed_pairs() if all(b.decode_batch_size is not None for b in pair)]
-        last = decoded[-self.settings.min_samples:]
-        return len(last) == self.settings.min_samples and all(self._alike(*pair) for pair in last)
+        last = decoded[-MOVED_PAIRS:]
+        return len(last) == MOVED_PAIRS and all(self._alike(*pair) for pair in last)
 
     def _alike(self, *blocks: Block) -> bool:
         """Did both arms' blocks run at batch sizes where the two configs step alike?"""
@@ -302,7 +305,7 @@ class SwitchbackJudge:
         comparison = compare(ratios, confidence)
         reason = self._reason(outcome, comparison, confidence, len(pairs), blocks)
         if moved and outcome == INCONCLUSIVE:
-            reason += f" (the last {self.settings.min_samples} pairs ran at batch sizes where both configs step alike)"
+            reason += f" (the last {MOVED_PAIRS} pairs ran at batch sizes where both configs step alike)"
         return Verdict(outcome, reason, len(pairs), blocks,
                        self._looked, self.looks, confidence, self.keep_gain, comparison, slope,
                        {"sample": self.sample, "incumbent": [round(x, 2) for x in incumbent],

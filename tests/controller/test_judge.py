@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from controller.judge import (BETTER, FUTILE, INCONCLUSIVE, NO_DIFFERENCE, WORSE, SwitchbackJudge, compare,
-                              look_shares, paired_log_ratios, same_tokens)
+from controller.judge import (BETTER, FUTILE, INCONCLUSIVE, MOVED_PAIRS, NO_DIFFERENCE, WORSE, SwitchbackJudge,
+                              compare, look_shares, paired_log_ratios, same_tokens)
 from engine.switchback import ORDER
 from policies import JudgePolicy
 from seam import Block, EngineConfig
@@ -283,7 +283,7 @@ def test_a_trial_whose_load_left_the_batch_sizes_it_changes_ends_at_once():
                 for block in blocks(1.2, 0.3, 4, np.random.default_rng(start), start=start)]
     judge.add(at(16, 0) + at(16, 4))                                      # 4 pairs at 16 sequences, then ...
     starts = iter(range(8, 1000, 4))
-    for _ in range(SETTINGS.min_samples // 2 - 1):                        # ... min_samples - 1 pairs at 1 ...
+    for _ in range(MOVED_PAIRS // 2 - 1):                                 # ... MOVED_PAIRS - 2 pairs at 1 ...
         judge.add(at(1, next(starts)))
         judge.add(prefilling(next(starts)))                               # ... among pairs that only prefilled
         assert judge.look() is None and not judge.load_moved()
