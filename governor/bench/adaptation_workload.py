@@ -12,10 +12,11 @@
 
 Phase lengths are shares of --phase-seconds (PHASE_SHARES, mean 1): copy and prose-hot one and a half of it, code
 and mixed half. Copy and prose-hot need opposite configs (k 8 at 2.3-2.5x plain in copy, at 0.67-0.73x in
-prose-hot); in code and mixed the configs lie within the noise of each other, and their best flipped between runs
-(code: k 8, k 8, plain; mixed: k 4, k 8, k 2). At equal lengths the per-phase oracle was 1.15x and 1.14x the best
-static config, at the bar a workload that tests adaptation must clear; with prose-hot alone lengthened (1, 1, 0.5,
-1.5), a compromise (k 2, near plain in prose-hot) became the best static config and the oracle 1.13x.
+prose-hot); in code and mixed the configs lie within the noise of each other, and their best flipped from one
+repetition to the next (run 8's three: code k 2, k 8, plain; mixed k 8, k 2, k 8). At equal lengths the per-phase
+oracle was 1.15x and 1.14x the best static config, at the bar a workload that tests adaptation must clear; with
+prose-hot alone lengthened (1, 1, 0.5, 1.5), a compromise (k 2, near plain in prose-hot) became the best static
+config and the oracle 1.13x; at these lengths two full runs measured 1.13x and 1.15x.
 
 In that order, load rises from 1 to 16 sequences. Measured on 2 cores before this order and length (one run of each
 static arm through the four 20 s phases, k 8 vs plain): with prose-hot third and as long as the others, 0.72x in
