@@ -318,8 +318,9 @@ class SwitchbackJudge:
     def _futile(self, log_ratios: np.ndarray) -> bool:
         """Is "ratio >= keep_gain" rejected at futility_confidence (one-sided)?"""
         futility = self.settings.futility_confidence
-        return futility is not None and len(log_ratios) >= 2 and \
-            _p(log_ratios - math.log(self.keep_gain), "less") < 1 - futility
+        if futility is None or len(log_ratios) < 2:
+            return False
+        return _p(log_ratios - math.log(self.keep_gain), "less") < 1 - futility
 
     def _reason(self, outcome: str, comparison: Comparison | None, confidence: float, pairs: int, blocks: int) -> str:
         if comparison is None:
