@@ -61,10 +61,8 @@ class _Costs:
         if k in per_k:
             return per_k[k]
         ks = sorted(per_k)
-        if (len(ks) == 1 or k < ks[0]) and one_point is not None:
-            return one_point(ks[0], per_k[ks[0]])
         if len(ks) == 1 or k < ks[0]:
-            return per_k[ks[0]]
+            return per_k[ks[0]] if one_point is None else one_point(ks[0], per_k[ks[0]])
         slope, intercept = np.polyfit(ks, [per_k[x] for x in ks], 1)
         if slope < 0:
             return per_k[max(x for x in ks if x <= k)]
