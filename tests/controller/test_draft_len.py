@@ -12,6 +12,7 @@ WINDOW_SECONDS = 1.5
 MIN_NOISE_BAND = 0.2  # a k within 20% (or the sweep's own measured spread, if larger) of the best k counts as best
 K_MAX = 8
 MIN_WINDOWS, MAX_WINDOWS = 12, 30   # at least 12 windows; up to 30 until a k has been kept
+CONCURRENCY = 4
 
 
 def _measure(engine, k: int) -> float:
@@ -37,7 +38,7 @@ def test_rule_policy_reaches_the_sweeps_best_k(build, prompts):
     policy = fast_policy(window={"seconds": WINDOW_SECONDS}, speculation={"k_max": K_MAX},
                          trial={"retry_windows": 3})
     engine, controller = build(policy, k=1)
-    with ClosedLoopTraffic(engine, prompts, concurrency=4):
+    with ClosedLoopTraffic(engine, prompts, concurrency=CONCURRENCY):
         sweep, band = _sweep(engine)
         engine.apply(controller.current)
         time.sleep(0.3)
@@ -49,7 +50,7 @@ def test_rule_policy_reaches_the_sweeps_best_k(build, prompts):
                     and controller.state()["trial"] is None:
                 break
     best = max(sweep, key=sweep.get)
-    chosen = controller.last_known_good.draft_len
+    chosen = controller.last_known_good.draft_len_for(CONCURRENCY)   # a learned schedule leaves draft_len as it was
     judged = [*controller.store.rows(Decision, action="keep"), *controller.store.rows(Decision, action="revert")]
     print(f"sweep tokens/busy s {({k: round(v) for k, v in sweep.items()})}, noise band {band:.2f}; best k={best}; "
           f"controller k={chosen}")
