@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if policy is None:
         return 2
     if args.quick:
-        args.phase_seconds, args.max_tokens = min(args.phase_seconds, 2.0), min(args.max_tokens, 16)
+        args.phase_seconds, args.max_tokens = min(args.phase_seconds, 2.0), min(args.max_tokens, 4)
         args.repetitions = min(args.repetitions, 2)
     models = load_models(args.model, device=torch.device("cpu"), dtype=torch.float32)
     specs = phases(models.tokenizer, args.phase_seconds, args.max_tokens)
