@@ -10,12 +10,13 @@ for 16 sequences of prose from the copying measured at 6 sequences a few seconds
 the shadow of plain decoding (what it would have drafted, against the tokens then generated), so its acceptance
 follows the traffic while no draft is verified.
 A step costs overhead + target(k) + draft(k) seconds. Costs are measured per batch-size band (powers of two of the
-mean batch) and per k, because verification costs more as k and the batch grow. A cost is the lowest of the last few
-windows' figures: other work on the machine only ever adds time. With several k measured in a band: between and
-above them a line through them (slope >= 0). With one k0 measured there, or below the smallest k0 measured, the
-target's cost moves by the seconds per verified token (the Theil-Sen slope of target seconds per step on tokens
-verified per step, over recent windows of every band) times the tokens k adds or removes, batch x (D(k) - D(k0))
-with D(k) = q_0 + ... + q_{k-1} drafted per sequence-step; the drafter's cost scales by D(k) / D(k0).
+batch size of a window's median step) and per k, because verification costs more as k and the batch grow. A cost is
+the lowest of the last few windows' figures: other work on the machine only ever adds time. With several k measured
+in a band: between and above them a line through them (slope >= 0). With one k0 measured there, or below the smallest
+k0 measured, the target's cost moves by the seconds per verified token (the Theil-Sen slope of target seconds per
+step on tokens verified per step, over recent windows of every band) times the tokens k adds or removes,
+batch x (D(k) - D(k0)) with D(k) = q_0 + ... + q_{k-1} drafted per sequence-step; the drafter's cost scales by
+D(k) / D(k0).
 Predicted tokens per busy second at k, relative to the current k: E(k) / E(k0) * cost(k0) / cost(k).
 """
 from __future__ import annotations
@@ -36,8 +37,8 @@ MIN_SLOPE_WINDOWS = 3
 MIN_TOKEN_SPREAD = 1.5   # ... once the most tokens verified per step is this many times the fewest
 
 
-def batch_band(batch_size_mean: float) -> int:
-    return round(math.log2(max(batch_size_mean, 1.0)))
+def batch_band(batch_size: float) -> int:
+    return round(math.log2(max(batch_size, 1.0)))
 
 
 @dataclass
@@ -127,7 +128,7 @@ class GoodputModel:
     def observe(self, window: Window) -> None:
         if window.steps == 0:
             return
-        k, band = window.draft_len, self.bands.setdefault(batch_band(window.batch_size_mean), _Band())
+        k, band = window.draft_len, self.bands.setdefault(batch_band(window.batch_size_median), _Band())
         band.target.observe(k, window.target_forward_seconds / window.steps)
         if k > 0:
             band.draft.observe(k, window.draft_forward_seconds / window.steps)

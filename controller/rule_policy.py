@@ -318,11 +318,11 @@ def _plain_at(config: EngineConfig, band: int) -> EngineConfig:
 
 
 def _band(window: Window) -> int:
-    return batch_band(window.batch_size_mean)
+    return batch_band(window.batch_size_median)
 
 
 def _batch(window: Window) -> int:
-    return max(1, round(window.batch_size_mean))
+    return window.batch_size_median
 
 
 def _slot_heat(heat: np.ndarray, phy2log: list[list[int]]) -> np.ndarray:

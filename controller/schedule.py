@@ -1,6 +1,6 @@
 """The k schedule the controller learns, one batch band at a time.
 
-The goodput model measures costs per batch band (band b holds mean batch sizes that round to 2^b on a log scale:
+The goodput model measures costs per batch band (band b holds the batch sizes that round to 2^b on a log scale:
 batch sizes 2^(b - 1/2) < n <= 2^(b + 1/2)). A trial can only measure the band the traffic is in now, so a trial
 sets the k of that band, keeps the k of the bands never measured within what their learned neighbours allow, and
 leaves the k of the bands already learned as it was.
@@ -13,7 +13,7 @@ from seam import DraftLenSchedule, EngineConfig
 
 
 def band_batch_sizes(band: int) -> tuple[int, int]:
-    """The batch sizes (lowest, highest) whose mean lies in band."""
+    """The batch sizes (lowest, highest) in band."""
     low = 1 if band <= 0 else math.floor(2 ** (band - 0.5)) + 1
     return low, max(low, math.floor(2 ** (band + 0.5)))
 

@@ -11,7 +11,8 @@ _SUMMED = {"steps", "num_drafts", "drafted_tokens", "accepted_tokens", "emitted_
            "finished_requests", "target_forward_seconds", "draft_forward_seconds", "step_seconds", "dropped_tokens",
            "all_to_all_seconds", "shadow_lookups"}
 _SUMMED_ARRAYS = {"drafted_per_position", "accepted_per_position", "expert_tokens", "dropped_per_layer",
-                  "slot_tokens", "rank_tokens", "shadow_drafted_per_position", "shadow_accepted_per_position"}
+                  "slot_tokens", "rank_tokens", "shadow_drafted_per_position", "shadow_accepted_per_position",
+                  "steps_per_batch_size"}
 _MAXED = {"batch_size_max", "queue_depth_max"}
 _STEP_WEIGHTED = {"batch_size_mean", "queue_depth_mean"}
 MIXED_VERSIONS = -1     # the config_version of a window whose parts served different configs
@@ -137,4 +138,5 @@ def window_summary(window: Window) -> dict:
             "emitted_tokens": window.emitted_tokens, "tokens_per_busy_second": round(tokens_per_busy_second(window), 2),
             "goodput_tokens_per_second": round(window.goodput_tokens_per_second, 2),
             "acceptance_rate": window.acceptance_rate, "batch_size_mean": round(window.batch_size_mean, 2),
+            "batch_size_median": window.batch_size_median,
             "inter_token_p99_seconds": window.inter_token_seconds.p99, "ttft_p99_seconds": window.ttft_seconds.p99}

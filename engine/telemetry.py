@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from engine.placement import balancedness
@@ -85,9 +86,10 @@ class _Accumulator:
     def window(self, config: EngineConfig, **extra) -> Window:
         sizes, depths = self.batch_sizes or [0], self.queue_depths or [0]
         batch_size_mean = sum(sizes) / len(sizes)
-        return Window(
+        steps_per_batch_size = np.bincount(np.asarray(sizes, dtype=np.int64)).tolist()
+        window = Window(
             start=self.start, end=time.time(), config_version=config.version, spec_method=config.spec_method,
-            draft_len=config.draft_len_for(max(1, round(batch_size_mean))), steps=self.steps,
+            draft_len=0, steps=self.steps,
             num_drafts=self.num_drafts,
             drafted_tokens=sum(self.drafted_per_position), accepted_tokens=sum(self.accepted_per_position),
             drafted_per_position=list(self.drafted_per_position),
@@ -108,7 +110,8 @@ class _Accumulator:
             dropped_per_layer=_listed(self.dropped_per_layer),
             **_balancedness_of(self.rank_tokens),
             all_to_all_seconds=self.all_to_all_seconds, capacity_factor=config.capacity_factor,
-            replacement_seconds=self.replacement_seconds, **extra)
+            replacement_seconds=self.replacement_seconds, steps_per_batch_size=steps_per_batch_size, **extra)
+        return replace(window, draft_len=config.draft_len_for(window.batch_size_median))
 
 
 @dataclass

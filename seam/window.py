@@ -105,6 +105,7 @@ class Window:
     shadow_lookups: int = 0
     shadow_drafted_per_position: list[int] | None = None
     shadow_accepted_per_position: list[int] | None = None
+    steps_per_batch_size: list[int] | None = None         # [n]: steps that ran n sequences
     # while an Experiment runs: the blocks completed in this window, and what each arm measured
     blocks: list[Block] | None = None
     arms: dict[str, Window] | None = None
@@ -112,6 +113,17 @@ class Window:
     @property
     def duration_seconds(self) -> float:
         return max(self.end - self.start, 1e-9)
+
+    @property
+    def batch_size_median(self) -> int:
+        """The batch size of the window's median step: where its load was. A window that spans a change in load
+        has its mean between the two, at batch sizes few of its steps ran (1 copy request left over beside 2 code
+        requests ran most steps at 3 sequences in a window of mean 2.4)."""
+        counts = self.steps_per_batch_size
+        if not counts or not any(counts):
+            return max(1, round(self.batch_size_mean))
+        cumulative = np.cumsum(counts)
+        return max(1, int(np.searchsorted(cumulative, cumulative[-1] / 2)))
 
     @property
     def goodput_tokens_per_second(self) -> float:

@@ -1,0 +1,43 @@
+"""Where a window's load was: the steps it ran at each batch size, and the batch size of its median step, which the
+window's k and the controller's batch band follow (a mean over a window that spans a change in load lies between
+the two loads, at batch sizes few of its steps ran)."""
+from controller.goodput import GoodputModel
+from controller.window_stats import merge_windows
+from engine.telemetry import StepRecord, Telemetry
+from seam import EngineConfig
+
+SCHEDULE = EngineConfig(spec_method="ngram", draft_len_schedule=((2, 8), (64, 2)))    # batch 1-2: k 8, above: k 2
+
+
+def _window(telemetry: Telemetry, batch_sizes: list[int]):
+    for batch in batch_sizes:
+        telemetry.record_step(StepRecord(batch_size=batch, queue_depth=0, step_seconds=0.1, target_seconds=0.08,
+                                         draft_seconds=0.01, drafted_per_position=[batch] * 2,
+                                         accepted_per_position=[batch, 0], num_drafts=batch, prefill_tokens=0))
+    return telemetry.snapshot(SCHEDULE)
+
+
+def test_the_window_counts_steps_per_batch_size_and_drafts_the_k_of_its_median_step():
+    window = _window(Telemetry(), [1, 1, 1] + [3] * 7)       # one request left over beside two new ones
+    assert window.steps_per_batch_size == [0, 3, 0, 7]
+    assert window.batch_size_mean == 2.4 and window.batch_size_median == 3
+    assert window.draft_len == 2                              # the k at 3 sequences; the mean's 2 would say 8
+
+
+def test_merged_windows_add_their_steps_and_the_median_follows_the_most_steps():
+    telemetry = Telemetry()
+    first, second = _window(telemetry, [3] * 7), _window(telemetry, [1] * 9)
+    merged = merge_windows([first, second])
+    assert merged.steps_per_batch_size == [0, 9, 0, 7] and merged.batch_size_median == 1
+
+
+def test_the_goodput_model_files_a_window_under_its_median_steps_band():
+    model = GoodputModel()
+    model.observe(_window(Telemetry(), [1, 1, 1] + [3] * 7))
+    assert set(model.bands) == {2}                            # batch 3 (band 2: 3-5), not the mean's 2.4 (band 1)
+
+
+def test_a_window_without_step_counts_falls_back_to_its_mean():
+    window = _window(Telemetry(), [2, 2, 3])
+    legacy = window.__class__(**{**window.__dict__, "steps_per_batch_size": None})
+    assert legacy.batch_size_median == 2
