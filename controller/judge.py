@@ -25,8 +25,8 @@ the error rate 1 - confidence in proportion to k, and the last look (max_blocks 
 the earlier looks left: the shares sum to 1 - confidence, so (by Bonferroni) stopping at the first decisive look
 keeps the error rate within it however the trial ends, and the later looks, which have the most pairs, get the
 larger shares. An early look whose pairs could not reach its share (n pairs give no one-sided p below 2^-n, the
-exact test's smallest) is planned out before the trial starts: it tests nothing and spends nothing, and the looks
-left share its part.
+exact test's smallest) is planned out before the trial starts: it spends nothing, and the looks left share its part;
+it still checks futility, which spends none.
 """
 from __future__ import annotations
 
@@ -285,25 +285,24 @@ class SwitchbackJudge:
         self._looked += 1
         final = exhausted or self._looked >= self.looks
         look_alpha = self._look_alpha(final)
-        if look_alpha == 0.0:
-            return Verdict(None, f"look {self._looked} is planned out: {self._looked * self.settings.min_samples} "
-                           "pairs could not reach its share of the error rate", len(pairs), blocks, self._looked,
-                           self.looks, 1.0, self.keep_gain)
         self._alpha_spent += look_alpha
         confidence = 1 - look_alpha
         incumbent = [getattr(i, self.sample) for i, _ in pairs]
         candidate = [getattr(c, self.sample) for _, c in pairs]
         ratios, slope = paired_log_ratios(incumbent, candidate, [i.decode_batch_size for i, _ in pairs],
                                           [c.decode_batch_size for _, c in pairs])
-        outcome = classify(ratios, confidence, self.keep_gain, self.settings.margin)
+        outcome = classify(ratios, confidence, self.keep_gain, self.settings.margin) if look_alpha else None
         if outcome is None and not final and self._futile(ratios):
             outcome = FUTILE
         if outcome is None and not final:
-            return Verdict(None, "not decisive yet", len(pairs), blocks, self._looked, self.looks, confidence,
-                           self.keep_gain)
+            reason = "not decisive yet" if look_alpha else (
+                f"look {self._looked} is planned out: {len(pairs)} pairs could not reach its share of the error "
+                "rate (only futility is checked)")
+            return Verdict(None, reason, len(pairs), blocks, self._looked, self.looks, confidence, self.keep_gain)
         outcome = outcome or INCONCLUSIVE
-        comparison = compare(ratios, confidence)
-        reason = self._reason(outcome, comparison, confidence, len(pairs), blocks)
+        shown = confidence if look_alpha else self.settings.futility_confidence   # futile at a planned-out look
+        comparison = compare(ratios, shown)
+        reason = self._reason(outcome, comparison, shown, len(pairs), blocks)
         if moved and outcome == INCONCLUSIVE:
             reason += f" (the last {MOVED_PAIRS} pairs ran at batch sizes where both configs step alike)"
         return Verdict(outcome, reason, len(pairs), blocks,
