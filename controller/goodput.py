@@ -7,8 +7,8 @@ geometrically from the last measured ratio. Both are counted per batch-size band
 with its load (a few long edits at once, many chats at once), and one acceptance for all bands proposed a larger k
 for 16 sequences of prose from the copying measured at 6 sequences a few seconds before (1.07-1.12x predicted,
 0.94-0.98x measured in the controller bench). Prompt lookup's model also counts the lookups the engine makes in
-the shadow of plain decoding (what it would have drafted, against the tokens then generated), so its acceptance
-follows the traffic while no draft is verified.
+the shadow of the decoding in use (what k 8 would have drafted, against the tokens then generated), so its acceptance
+follows the traffic while no draft is verified, and is measured at the positions a shorter k does not draft.
 A step costs overhead + target(k) + draft(k) seconds. Costs are measured per batch-size band (powers of two of the
 batch size of a window's median step) and per k, because verification costs more as k and the batch grow. A cost is
 the lowest of the last few windows' figures: other work on the machine only ever adds time. With several k measured

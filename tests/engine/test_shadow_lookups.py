@@ -1,4 +1,5 @@
-"""Prompt lookup in the shadow of plain decoding: the acceptance it would have had, measured without verifying."""
+"""Prompt lookup in the shadow of the decoding in use: the acceptance it would have had at k 8, measured without
+verifying."""
 from engine.drafters import shadow_lookups
 from engine.engine import SHADOW_DRAFT_LEN
 from engine.sequence import Sequence
@@ -38,5 +39,21 @@ def test_plain_decodings_shadow_measures_the_acceptance_prompt_lookup_then_has(m
     real_rates = [a / d for a, d in zip(real.accepted_per_position, real.drafted_per_position)]
     # greedy: the same tokens, and the shadow drafts where speculation did; only requests' last tokens differ
     assert all(abs(s - r) <= 0.05 for s, r in zip(shadow_rates, real_rates)), (shadow_rates, real_rates)
-    assert real.shadow_lookups < shadow.shadow_lookups / 10       # speculation's steps are not shadowed
+    assert real.shadow_lookups == 0                # prompt lookup drafting k 8 itself is not shadowed
 
+
+
+def test_a_shorter_ks_shadow_measures_the_positions_it_does_not_draft(moe_models):
+    prompts = code_prompts(moe_models.tokenizer, 8)
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    plain = make_engine(moe_models, EngineConfig(spec_method="off", draft_len=0))
+    generate(plain, prompts, params, batch_size=4)
+    short = make_engine(moe_models, EngineConfig(spec_method="ngram", draft_len=2))
+    generate(short, prompts, params, batch_size=4)
+    shadow, window = plain.snapshot(), short.snapshot()
+    assert len(window.drafted_per_position) == 2 and window.shadow_lookups > 0
+    assert len(window.shadow_drafted_per_position) == SHADOW_DRAFT_LEN and sum(window.shadow_accepted_per_position[2:])
+    # greedy: the same tokens as plain decoding, so the same shadow drafts but for the requests' last tokens
+    rates = [[a / d for a, d in zip(w.shadow_accepted_per_position, w.shadow_drafted_per_position)]
+             for w in (shadow, window)]
+    assert all(abs(p - s) <= 0.05 for p, s in zip(*rates)), rates
