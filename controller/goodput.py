@@ -21,7 +21,6 @@ Predicted tokens per busy second at k, relative to the current k: E(k) / E(k0) *
 """
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -29,16 +28,12 @@ import numpy as np
 from scipy import stats
 
 from controller.window_stats import sum_arrays
-from seam import Window
+from seam import Window, batch_band
 
 RECENT_WINDOWS = 5
 SLOPE_WINDOWS = 40       # recent windows the seconds per verified token is fitted on
 MIN_SLOPE_WINDOWS = 3
 MIN_TOKEN_SPREAD = 1.5   # ... once the most tokens verified per step is this many times the fewest
-
-
-def batch_band(batch_size: float) -> int:
-    return round(math.log2(max(batch_size, 1.0)))
 
 
 @dataclass
@@ -126,9 +121,15 @@ class GoodputModel:
         self.verified: deque = deque(maxlen=SLOPE_WINDOWS)    # (tokens verified per step, target seconds per step)
 
     def observe(self, window: Window) -> None:
+        """Each batch band's steps teach that band: a window that spans a change in load (16 sequences of prose
+        finishing while a copy request starts) teaches both, rather than one band the mixture of the two."""
+        for band, part in (window.by_band or {batch_band(window.batch_size_median): window}).items():
+            self._observe(band, part)
+
+    def _observe(self, band_index: int, window: Window) -> None:
         if window.steps == 0:
             return
-        k, band = window.draft_len, self.bands.setdefault(batch_band(window.batch_size_median), _Band())
+        k, band = window.draft_len, self.bands.setdefault(band_index, _Band())
         band.target.observe(k, window.target_forward_seconds / window.steps)
         if k > 0:
             band.draft.observe(k, window.draft_forward_seconds / window.steps)

@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from controller.calibration import Calibration
-from controller.goodput import GoodputModel, batch_band
+from controller.goodput import GoodputModel
 from controller.schedule import learned, schedule_text, with_bands, with_schedule
 from controller.strategy import Proposal
 from controller.window_stats import tokens_per_busy_second
 from engine.placement import Topology, balancedness, tokens_per_device
 from engine.planner import plan_placement
 from policies import Policy
-from seam import DraftLenSchedule, EngineConfig, Window
+from seam import DraftLenSchedule, EngineConfig, Window, batch_band
 
 DRAFTERS = ("draft_model", "ngram")
 LIGHT_BAND = 1           # batch sizes up to 2: where an untried drafter is tried (see RulePolicy._untried_drafter)

@@ -28,6 +28,8 @@ def window_from_dict(data: dict, source: str = "") -> Window:
             value = [Block(**{**block, "source": source}) for block in value]
         elif field.name == "arms" and value is not None:
             value = {arm: window_from_dict(window, source) for arm, window in value.items()}
+        elif field.name == "by_band" and value is not None:
+            value = {int(band): window_from_dict(window, source) for band, window in value.items()}
         elif field.name.endswith("_seconds") and isinstance(value, dict):
             value = LatencySummary(**value)
         values[field.name] = value
@@ -59,8 +61,8 @@ def merge_windows(windows: Sequence[Window]) -> Window:
             values[name] = sum(p * w.steps for p, w in zip(parts, windows)) / steps
         elif name == "blocks":
             values[name] = None if all(p is None for p in parts) else [b for p in parts for b in p or ()]
-        elif name == "arms":
-            values[name] = _merge_arms(parts)
+        elif name in ("arms", "by_band"):
+            values[name] = _merge_keyed(parts)
         elif isinstance(parts[0], LatencySummary):
             values[name] = _merge_latency(parts)
         else:
@@ -68,7 +70,8 @@ def merge_windows(windows: Sequence[Window]) -> Window:
     return Window(**values)
 
 
-def _merge_arms(parts: list[dict[str, Window] | None]) -> dict[str, Window] | None:
+def _merge_keyed(parts: list[dict | None]) -> dict | None:
+    """Windows by arm (or by batch band): each key's windows merged."""
     present = [p for p in parts if p]
     if not present:
         return None

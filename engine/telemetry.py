@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from engine.placement import balancedness
-from seam import Block, EngineConfig, LatencySummary, Window
+from seam import Block, EngineConfig, LatencySummary, Window, batch_band
 
 MAX_SAMPLES = 50_000  # per window and distribution; an unread window keeps the latest ones
 READERS = ("default", "controller")     # windows kept from the start; other readers' from their first read
@@ -50,8 +50,14 @@ class _Accumulator:
     dropped_per_layer: torch.Tensor | None = None
     all_to_all_seconds: float = 0.0
     replacement_seconds: float = 0.0
+    by_band: dict[int, _Accumulator] | None = field(default_factory=dict)    # None in a band's own accumulator
 
     def add_step(self, step: StepRecord) -> None:
+        if self.by_band is not None:
+            band = batch_band(step.batch_size)
+            if band not in self.by_band:
+                self.by_band[band] = _Accumulator(start=self.start, by_band=None)
+            self.by_band[band].add_step(step)
         self.steps += 1
         self.batch_sizes.append(step.batch_size)
         self.queue_depths.append(step.queue_depth)
@@ -110,7 +116,9 @@ class _Accumulator:
             dropped_per_layer=_listed(self.dropped_per_layer),
             **_balancedness_of(self.rank_tokens),
             all_to_all_seconds=self.all_to_all_seconds, capacity_factor=config.capacity_factor,
-            replacement_seconds=self.replacement_seconds, steps_per_batch_size=steps_per_batch_size, **extra)
+            replacement_seconds=self.replacement_seconds, steps_per_batch_size=steps_per_batch_size,
+            by_band={band: acc.window(config) for band, acc in sorted(self.by_band.items())} if self.by_band else None,
+            **extra)
         return replace(window, draft_len=config.draft_len_for(window.batch_size_median))
 
 

@@ -1,6 +1,7 @@
 """Window: what the engine measured between two snapshots. The controller judges configs on these."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -63,6 +64,12 @@ class Block:
         return self.decode_sequences / self.decode_steps if self.decode_steps else None
 
 
+def batch_band(batch_size: float) -> int:
+    """The batch sizes that round to 2^band on a log scale: band 0 is 1 sequence, 1 is 2, 2 is 3-5, 3 is 6-11, 4 is
+    12-22; the controller learns k per band."""
+    return round(math.log2(max(batch_size, 1.0)))
+
+
 @dataclass(frozen=True)
 class Window:
     start: float                      # unix seconds
@@ -109,6 +116,9 @@ class Window:
     # while an Experiment runs: the blocks completed in this window, and what each arm measured
     blocks: list[Block] | None = None
     arms: dict[str, Window] | None = None
+    # per batch band (batch_band of each step's batch size): that band's steps alone, their step figures only (costs,
+    # drafts, shadow lookups, batch sizes; tokens and latencies are the whole window's)
+    by_band: dict[int, Window] | None = None
 
     @property
     def duration_seconds(self) -> float:

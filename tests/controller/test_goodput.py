@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from controller.goodput import GoodputModel, batch_band
-from seam import LatencySummary, Window
+from controller.goodput import GoodputModel
+from seam import LatencySummary, Window, batch_band
 
 EMPTY = LatencySummary.of([])
 FIXED, PER_TOKEN, PER_DRAFT, OVERHEAD = 0.020, 0.004, 0.001, 0.002     # seconds

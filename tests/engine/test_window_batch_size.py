@@ -1,8 +1,12 @@
-"""Where a window's load was: the steps it ran at each batch size, and the batch size of its median step, which the
-window's k and the controller's batch band follow (a mean over a window that spans a change in load lies between
-the two loads, at batch sizes few of its steps ran)."""
+"""Where a window's load was: the steps it ran at each batch size, the batch size of its median step (which the
+window's k and the controller's batch band follow: a mean over a window that spans a change in load lies between the
+two loads, at batch sizes few of its steps ran), and each batch band's steps as a window of their own."""
+import json
+
+import pytest
+
 from controller.goodput import GoodputModel
-from controller.window_stats import merge_windows
+from controller.window_stats import merge_windows, window_from_dict
 from engine.telemetry import StepRecord, Telemetry
 from seam import EngineConfig
 
@@ -31,9 +35,10 @@ def test_merged_windows_add_their_steps_and_the_median_follows_the_most_steps():
     assert merged.steps_per_batch_size == [0, 9, 0, 7] and merged.batch_size_median == 1
 
 
-def test_the_goodput_model_files_a_window_under_its_median_steps_band():
+def test_the_goodput_model_files_a_window_without_bands_under_its_median_steps_band():
+    window = _window(Telemetry(), [1, 1, 1] + [3] * 7)
     model = GoodputModel()
-    model.observe(_window(Telemetry(), [1, 1, 1] + [3] * 7))
+    model.observe(window.__class__(**{**window.__dict__, "by_band": None}))
     assert set(model.bands) == {2}                            # batch 3 (band 2: 3-5), not the mean's 2.4 (band 1)
 
 
@@ -41,3 +46,26 @@ def test_a_window_without_step_counts_falls_back_to_its_mean():
     window = _window(Telemetry(), [2, 2, 3])
     legacy = window.__class__(**{**window.__dict__, "steps_per_batch_size": None})
     assert legacy.batch_size_median == 2
+
+
+def test_each_batch_bands_steps_are_a_window_of_their_own_and_teach_that_band_alone():
+    window = _window(Telemetry(), [1, 1, 1] + [3] * 7)
+    light, heavy = window.by_band[0], window.by_band[2]
+    assert set(window.by_band) == {0, 2} and (light.steps, heavy.steps) == (3, 7)
+    assert (light.draft_len, heavy.draft_len) == (8, 2)            # each band's k from the schedule
+    assert light.batch_size_mean == 1 and light.drafted_per_position == [3, 3]
+    assert heavy.target_forward_seconds == pytest.approx(7 * 0.08)
+    model = GoodputModel()
+    model.observe(window)
+    assert set(model.bands) == {0, 2}
+    assert model.bands[0].target.per_k == {8: pytest.approx(0.08)} and model.bands[2].target.per_k == {
+        2: pytest.approx(0.08)}
+
+
+def test_the_bands_survive_json_and_merging():
+    telemetry = Telemetry()
+    first, second = _window(telemetry, [1] * 4 + [3] * 2), _window(telemetry, [3] * 5 + [16])
+    remote = window_from_dict(json.loads(json.dumps(first.to_dict())))
+    assert remote.by_band.keys() == {0, 2} and remote.by_band[2].steps == 2
+    merged = merge_windows([remote, second])
+    assert {band: w.steps for band, w in merged.by_band.items()} == {0: 4, 2: 7, 4: 1}
