@@ -75,4 +75,5 @@ def _block(index: int, arm: str, window: Window) -> Block:
     return Block(index=index, arm=arm, config_version=window.config_version, steps=window.steps,
                  emitted_tokens=window.emitted_tokens, busy_seconds=window.step_seconds,
                  inter_token_seconds=window.inter_token_seconds.mean, decode_tokens=window.emitted_tokens,
-                 decode_seconds=window.step_seconds, source=CANARY)
+                 decode_seconds=window.step_seconds, sequences=round(window.batch_size_mean * window.steps),
+                 source=CANARY)

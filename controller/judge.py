@@ -231,22 +231,20 @@ class SwitchbackJudge:
         return [pair for pair in self._closed_pairs() if not self._alike(*pair)]
 
     def load_moved(self) -> bool:
-        """Did the last MOVED_PAIRS closed pairs that decoded (each block ran a step without prefill) all run where the
-        two configs step alike? The load left the batch sizes the trial changes, and waiting for it to come back would
-        hold every other trial up. A pair with a prefill-only block says nothing of where the load is: under churn
-        (a finished request replaced at once) such pairs fall among the others, and counting them as not alike kept a
-        trial at 2 sequences running through 40 s of heavier load in the controller bench. MOVED_PAIRS rather than a
-        look's min_samples: 16 pairs at 16 sequences took 10-30 s there, and a probe at 6-11 sequences held the one
-        trial slot until the last second of the phase at 16."""
-        decoded = [pair for pair in self._closed_pairs() if all(b.decode_batch_size is not None for b in pair)]
-        last = decoded[-MOVED_PAIRS:]
-        return len(last) == MOVED_PAIRS and all(self._alike(*pair) for pair in last)
+        """Did the last MOVED_PAIRS closed pairs all run where the two configs step alike, by the batch size of all
+        their steps (prefills included: where prefills are frequent, as with long prompts at 6 sequences, pairs of
+        decode-only blocks are rare, and waiting for 8 of them held a probe 21 s of a 10 s phase in the controller
+        bench)? The load left the batch sizes the trial changes, and waiting for it to come back would hold every
+        other trial up. MOVED_PAIRS rather than a look's min_samples: 16 pairs at 16 sequences took 10-30 s there,
+        and a probe at 6-11 sequences held the one trial slot until the last second of the phase at 16."""
+        last = [pair for pair in self._closed_pairs() if all(b.batch_size is not None for b in pair)][-MOVED_PAIRS:]
+        return len(last) == MOVED_PAIRS and all(self._alike(*pair, by="batch_size") for pair in last)
 
-    def _alike(self, *blocks: Block) -> bool:
-        """Did both arms' blocks run at batch sizes where the two configs step alike?"""
+    def _alike(self, *blocks: Block, by: str = "decode_batch_size") -> bool:
+        """Did both arms' blocks run at batch sizes (the attribute by) where the two configs step alike?"""
         if self.configs is None:
             return False
-        sizes = [round(b.decode_batch_size) for b in blocks if b.decode_batch_size is not None]
+        sizes = [round(getattr(b, by)) for b in blocks if getattr(b, by) is not None]
         return len(sizes) == len(blocks) and all(step_alike(*self.configs, size) for size in sizes)
 
     def pairs(self) -> list[tuple[Block, Block]]:

@@ -138,9 +138,11 @@ class _BlockAccumulator:
     decode_seconds: float = 0.0
     decode_steps: int = 0
     decode_sequences: int = 0
+    sequences: int = 0
 
     def add_step(self, step: StepRecord) -> None:
         self.steps += 1
+        self.sequences += step.batch_size
         self.busy_seconds += step.step_seconds
         if not step.prefill_tokens:
             self.decode_tokens += self.step_tokens
@@ -152,7 +154,7 @@ class _BlockAccumulator:
     def closed(self) -> Block:
         return Block(self.index, self.arm, self.config_version, self.steps, self.emitted_tokens, self.busy_seconds,
                      self.gap_seconds / self.gap_tokens if self.gap_tokens else None, self.decode_tokens,
-                     self.decode_seconds, self.decode_steps, self.decode_sequences)
+                     self.decode_seconds, self.decode_steps, self.decode_sequences, self.sequences)
 
 
 @dataclass

@@ -40,6 +40,7 @@ class Block:
     decode_seconds: float = 0.0       # those steps' seconds
     decode_steps: int = 0             # how many steps those were
     decode_sequences: int = 0         # the sequences they stepped (the sum of their batch sizes)
+    sequences: int = 0                # the sequences all its steps stepped, prefills included
     source: str = ""                  # the engine replica it ran on (set when replicas' windows are merged)
 
     @property
@@ -57,6 +58,11 @@ class Block:
         """Sequences stepped per second of decode-only steps: throughput without the acceptance of the block's drafts
         (what the judge compares when both arms deliver the same tokens, so acceptance differs only by chance)."""
         return self.decode_sequences / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def batch_size(self) -> float | None:
+        """The mean batch size of all its steps (None if not measured): where the load was."""
+        return self.sequences / self.steps if self.sequences and self.steps else None
 
     @property
     def decode_batch_size(self) -> float | None:
@@ -117,7 +123,7 @@ class Window:
     blocks: list[Block] | None = None
     arms: dict[str, Window] | None = None
     # per batch band (batch_band of each step's batch size): that band's steps alone, their step figures only (costs,
-    # drafts, shadow lookups, batch sizes; tokens and latencies are the whole window's)
+    # drafts, shadow lookups, batch sizes; no tokens or latencies, which the whole window holds)
     by_band: dict[int, Window] | None = None
 
     @property

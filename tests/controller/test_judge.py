@@ -293,19 +293,17 @@ def test_a_trial_whose_load_left_the_batch_sizes_it_changes_ends_at_once():
     candidate = incumbent.changed(draft_len_schedule=((11, 4), (22, 0), (1024, 4)))
     judge = SwitchbackJudge(SETTINGS, 1.0, configs=(incumbent, candidate))
 
-    def at(batch: int, start: int) -> list[Block]:
-        return [dataclasses.replace(block, decode_steps=1, decode_sequences=batch)
-                for block in blocks(1.2, 0.3, 4, np.random.default_rng(start), start=start)]
-    def prefilling(start: int) -> list[Block]:
-        return [dataclasses.replace(block, decode_steps=0, decode_sequences=0, decode_tokens=0, decode_seconds=0.0)
+    def at(batch: int, start: int, prefilling: bool = False) -> list[Block]:
+        decode = dict(decode_steps=0, decode_sequences=0, decode_tokens=0, decode_seconds=0.0) if prefilling else \
+            dict(decode_steps=1, decode_sequences=batch)
+        return [dataclasses.replace(block, sequences=batch * block.steps, **decode)
                 for block in blocks(1.2, 0.3, 4, np.random.default_rng(start), start=start)]
     judge.add(at(16, 0) + at(16, 4))                                      # 4 pairs at 16 sequences, then ...
     starts = iter(range(8, 1000, 4))
-    for _ in range(MOVED_PAIRS // 2 - 1):                                 # ... MOVED_PAIRS - 2 pairs at 1 ...
-        judge.add(at(1, next(starts)))
-        judge.add(prefilling(next(starts)))                               # ... among pairs that only prefilled
+    for pair in range(MOVED_PAIRS // 2 - 1):                              # ... MOVED_PAIRS - 2 pairs at 1, half of
+        judge.add(at(1, next(starts), prefilling=pair % 2 == 1))          # them with a prefill in every step ...
         assert judge.look() is None and not judge.load_moved()
-    judge.add(at(1, next(starts)))
+    judge.add(at(1, next(starts), prefilling=True))                       # ... and 2 more: the load has moved
     verdict = judge.look()
     assert judge.load_moved() and verdict.outcome == INCONCLUSIVE and verdict.blocks < SETTINGS.max_blocks
     assert "step alike" in verdict.reason and verdict.pairs == 4
