@@ -9,14 +9,14 @@ for 16 sequences of prose from the copying measured at 6 sequences a few seconds
 0.94-0.98x measured in the controller bench). Prompt lookup's model also counts the lookups the engine makes in
 the shadow of the decoding in use (what k 8 would have drafted, against the tokens then generated), so its acceptance
 follows the traffic while no draft is verified, and is measured at the positions a shorter k does not draft.
-A step costs overhead + target(k) + draft(k) seconds. Costs are measured per batch-size band (powers of two of the
-batch size of a window's median step) and per k, because verification costs more as k and the batch grow. A cost is
-the lowest of the last few windows' figures: other work on the machine only ever adds time. With several k measured
-in a band: between and above them a line through them (slope >= 0). With one k0 measured there, or below the smallest
-k0 measured, the target's cost moves by the seconds per verified token (the Theil-Sen slope of target seconds per
-step on tokens verified per step, over recent windows of every band) times the tokens k adds or removes,
-batch x (D(k) - D(k0)) with D(k) = q_0 + ... + q_{k-1} drafted per sequence-step; the drafter's cost scales by
-D(k) / D(k0).
+A step costs overhead + target(k) + draft(k) seconds. Costs are measured per batch-size band (powers of two of each
+step's batch size: a Window carries each band's steps apart) and per k, because verification costs more as k and the
+batch grow. A cost is the lowest of the last few windows' figures: other work on the machine only ever adds time.
+With several k measured in a band: between and above them a line through them (slope >= 0). With one k0 measured
+there, or below the smallest k0 measured, the target's cost moves by the seconds per verified token (the Theil-Sen
+slope of target seconds per step on tokens verified per step, over recent windows of every band) times the tokens k
+adds or removes, batch x (D(k) - D(k0)) with D(k) = q_0 + ... + q_{k-1} drafted per sequence-step; the drafter's cost
+scales by D(k) / D(k0).
 Predicted tokens per busy second at k, relative to the current k: E(k) / E(k0) * cost(k0) / cost(k).
 """
 from __future__ import annotations

@@ -166,7 +166,8 @@ class Controller:
         self.store.finish_trial(trial.id, outcome, gain)
         self.metrics.trial(outcome)
         if trial.proposal.raw_gain is not None and gain is not None:
-            self.calibration.record(kind, trial.proposal.raw_gain, trial.proposal.predicted_gain, gain)
+            self.calibration.record(kind, trial.proposal.raw_gain, trial.proposal.predicted_gain, gain,
+                                    trial.proposal.inputs.get("band"))
             self.metrics.calibration(self.calibration.summary())
         self.strategy.finished(trial.proposal, outcome, candidate, self.window_index)
         inputs = {"kind": kind, "outcome": outcome, "seconds": round(time.monotonic() - trial.started, 3),

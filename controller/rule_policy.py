@@ -101,7 +101,7 @@ class RulePolicy:
         if not speculating and self._speculation_answered(band, baseline):
             return None
         state.last_mode_probe = index
-        inputs = {**self._inputs(current, baseline), "band": band}
+        inputs = self._inputs(current, baseline)
         if speculating:
             state.band_k[band] = k_now
             candidate = _plain_at(current, band)
@@ -146,7 +146,7 @@ class RulePolicy:
     def _clears_reenable_bar(self, model: GoodputModel, k: int, band: int) -> bool:
         """Does model predict, calibrated, that k beats plain decoding at band by min_gain + hysteresis?"""
         spec = self.policy.speculation
-        return self.calibration.corrected("draft_len", model.gain(k, 0, band)) >= spec.min_gain + spec.hysteresis
+        return self.calibration.corrected("draft_len", model.gain(k, 0, band), band) >= spec.min_gain + spec.hysteresis
 
     def _schedule_to_resume(self, current: EngineConfig, baseline: Window) -> DraftLenSchedule:
         """What speculation last ran with (judged, unlike the model's best), else the model's best k at this band."""
@@ -247,8 +247,9 @@ class RulePolicy:
 
     def _predicted(self, candidate: EngineConfig, kind: str, raw: float, what: str, current: EngineConfig,
                    baseline: Window) -> Proposal | None:
-        """A proposal only if the calibrated prediction clears min_predicted_gain."""
-        gain = self.calibration.corrected(kind, raw)
+        """A proposal only if the calibrated prediction (for kind at the band the load is in) clears
+        min_predicted_gain."""
+        gain = self.calibration.corrected(kind, raw, _band(baseline))
         if gain < self.policy.trial.min_predicted_gain:
             return None
         return Proposal(candidate, kind, f"{what}: goodput model predicts {raw:.3f}x, calibrated {gain:.3f}x "
@@ -307,7 +308,7 @@ class RulePolicy:
         predictions = {} if not model.ready(band) else {
             k: {"tokens_per_step": round(p.tokens_per_step, 4), "seconds_per_step": round(p.seconds_per_step, 6)}
             for k in self._reachable(model, band) for p in [model.predict(k, band)]}
-        return {"baseline_tokens_per_busy_second": round(tokens_per_busy_second(baseline), 2),
+        return {"band": band, "baseline_tokens_per_busy_second": round(tokens_per_busy_second(baseline), 2),
                 "model": model.describe(band), "predictions": predictions, "calibration": self.calibration.summary()}
 
 

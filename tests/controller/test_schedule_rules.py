@@ -61,6 +61,19 @@ def test_calibration_learns_a_shrink_of_the_predicted_gain_that_holds_for_smalle
     assert calibration.corrected("draft_len", 1.1) == pytest.approx(1.1 ** beta)      # above 1: not over-corrected
 
 
+def test_calibration_learns_each_batch_bands_bias_pulled_toward_its_kinds():
+    calibration = Calibration()
+    for _ in range(6):       # k trials at 1 sequence under-predicted, at 16 sequences over-predicted
+        calibration.record("draft_len", 1.2, 1.2, measured=1.2 ** 2, band=0)
+        calibration.record("draft_len", 1.25, 1.25, measured=1.25 ** -1, band=4)
+    light, heavy, anywhere = (calibration.corrected("draft_len", 1.2, band) for band in (0, 4, None))
+    assert heavy < 1.0 < anywhere < light and light > 1.2
+    kind_beta = (PRIOR_TRIALS * PRIOR_SHRINK + 12 * 0.5) / (PRIOR_TRIALS + 12)   # median of six 2s and six -1s
+    assert anywhere == pytest.approx(1.2 ** kind_beta)
+    assert light == pytest.approx(1.2 ** ((PRIOR_TRIALS * kind_beta + 6 * 2.0) / (PRIOR_TRIALS + 6)))
+    assert calibration.corrected("draft_len", 1.2, band=2) == pytest.approx(anywhere)   # no trial there: the kind's
+
+
 def test_calibration_learns_the_models_bias_and_reports_it():
     calibration = Calibration()
     assert calibration.corrected("draft_len", 1.2) == pytest.approx(1.2 ** PRIOR_SHRINK)   # the prior alone
