@@ -18,7 +18,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-MEMORY = 20              # trials per kind the shrink is estimated from
+MEMORY = 20              # trials per kind (and per band) the shrink is estimated from
 PRIOR_TRIALS = 2         # weight of the prior against the measured shrink, in trials
 PRIOR_SHRINK = 1.0       # the prior beta: the model taken at its word until trials say otherwise (a prior of 0.7, the
                          # median shrink of an earlier model's trials, made the calibrated error larger than the raw
