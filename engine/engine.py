@@ -339,11 +339,13 @@ class Engine:
     # -- bookkeeping ------------------------------------------------------------------------------
 
     def _shadow_lookups(self, sampling: list[Scheduled], draft_len: int) -> list[tuple[int, int]]:
-        """(drafted, accepted) of each shadow draft of prompt lookup that the sequences resolved, unless prompt lookup
-        drafts SHADOW_DRAFT_LEN tokens itself at this step's k: plain decoding's shadow measures the acceptance
-        speculation would have, a shorter k's shadow the positions it does not draft (the controller bench's k 4 -> 8
-        trials had predicted 1.23-1.40x from positions 5-8 extrapolated, and measured 1.46-1.62x)."""
-        if self.config.spec_method == "ngram" and draft_len >= SHADOW_DRAFT_LEN:
+        """(drafted, accepted) of each shadow draft of prompt lookup that the sequences resolved, in the steps whose
+        windows prompt lookup's model learns from: plain decoding's shadow measures the acceptance speculation would
+        have, the shadow of prompt lookup at a shorter k the positions it does not draft (the controller bench's k 4 ->
+        8 trials had predicted 1.23-1.40x from positions 5-8 extrapolated, and measured 1.46-1.62x). None beside the
+        draft model (prompt lookup's model does not read its windows) or prompt lookup drafting SHADOW_DRAFT_LEN."""
+        method = self.config.spec_method
+        if not (method == "off" or method == "ngram" and draft_len < SHADOW_DRAFT_LEN):
             return []
         return [shadow for item in sampling for shadow in shadow_lookups(
             item.seq, SHADOW_DRAFT_LEN, self.config.ngram_min, self.config.ngram_max)]

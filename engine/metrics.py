@@ -56,8 +56,8 @@ class EngineMetrics:
         self.draft_tokens_per_pos = self._array("governor_spec_decode_num_draft_tokens_per_pos", "Draft tokens "
                                                 "verified at draft position (0-based)", "position")
         self.shadow_drafts = counter("governor_shadow_lookup_drafts", "Drafts prompt lookup made in the shadow of "
-                                     "the decoding in use (plain, a shorter k, the draft model), over the tokens it "
-                                     "generated (nothing verified)")
+                                     "plain decoding or of its own shorter k, over the tokens generated (nothing "
+                                     "verified)")
         self.shadow_draft_tokens = counter("governor_shadow_lookup_draft_tokens", "Tokens those shadow drafts "
                                            "proposed")
         self.shadow_accepted_tokens = counter("governor_shadow_lookup_accepted_tokens", "Tokens of those shadow "
