@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from engine.placement import balancedness
-from seam import Block, EngineConfig, LatencySummary, Window, batch_band
+from seam import Block, EngineConfig, LatencySummary, Window, batch_band, median_batch_size
 
 MAX_SAMPLES = 50_000  # per window and distribution; an unread window keeps the latest ones
 READERS = ("default", "controller")     # windows kept from the start; other readers' from their first read
@@ -93,9 +93,9 @@ class _Accumulator:
         sizes, depths = self.batch_sizes or [0], self.queue_depths or [0]
         batch_size_mean = sum(sizes) / len(sizes)
         steps_per_batch_size = np.bincount(np.asarray(sizes, dtype=np.int64)).tolist()
-        window = Window(
+        return Window(
             start=self.start, end=time.time(), config_version=config.version, spec_method=config.spec_method,
-            draft_len=0, steps=self.steps,
+            draft_len=config.draft_len_for(median_batch_size(steps_per_batch_size, batch_size_mean)), steps=self.steps,
             num_drafts=self.num_drafts,
             drafted_tokens=sum(self.drafted_per_position), accepted_tokens=sum(self.accepted_per_position),
             drafted_per_position=list(self.drafted_per_position),
@@ -119,7 +119,6 @@ class _Accumulator:
             replacement_seconds=self.replacement_seconds, steps_per_batch_size=steps_per_batch_size,
             by_band={band: acc.window(config) for band, acc in sorted(self.by_band.items())} if self.by_band else None,
             **extra)
-        return replace(window, draft_len=config.draft_len_for(window.batch_size_median))
 
 
 @dataclass

@@ -76,6 +76,15 @@ def batch_band(batch_size: float) -> int:
     return round(math.log2(max(batch_size, 1.0)))
 
 
+def median_batch_size(steps_per_batch_size: list[int] | None, batch_size_mean: float) -> int:
+    """The batch size of the median step, from the steps per batch size ([n]: steps that ran n sequences); the
+    rounded mean where those were not counted (at least 1)."""
+    if not steps_per_batch_size or not any(steps_per_batch_size):
+        return max(1, round(batch_size_mean))
+    cumulative = np.cumsum(steps_per_batch_size)
+    return max(1, int(np.searchsorted(cumulative, cumulative[-1] / 2)))
+
+
 @dataclass(frozen=True)
 class Window:
     start: float                      # unix seconds
@@ -135,11 +144,7 @@ class Window:
         """The batch size of the window's median step: where its load was. A window that spans a change in load
         has its mean between the two, at batch sizes few of its steps ran (1 copy request left over beside 2 code
         requests ran most steps at 3 sequences in a window of mean 2.4)."""
-        counts = self.steps_per_batch_size
-        if not counts or not any(counts):
-            return max(1, round(self.batch_size_mean))
-        cumulative = np.cumsum(counts)
-        return max(1, int(np.searchsorted(cumulative, cumulative[-1] / 2)))
+        return median_batch_size(self.steps_per_batch_size, self.batch_size_mean)
 
     @property
     def goodput_tokens_per_second(self) -> float:

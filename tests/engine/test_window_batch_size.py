@@ -1,6 +1,7 @@
 """Where a window's load was: the steps it ran at each batch size, the batch size of its median step (which the
 window's k and the controller's batch band follow: a mean over a window that spans a change in load lies between the
 two loads, at batch sizes few of its steps ran), and each batch band's steps as a window of their own."""
+import dataclasses
 import json
 
 import pytest
@@ -38,13 +39,13 @@ def test_merged_windows_add_their_steps_and_the_median_follows_the_most_steps():
 def test_the_goodput_model_files_a_window_without_bands_under_its_median_steps_band():
     window = _window(Telemetry(), [1, 1, 1] + [3] * 7)
     model = GoodputModel()
-    model.observe(window.__class__(**{**window.__dict__, "by_band": None}))
+    model.observe(dataclasses.replace(window, by_band=None))
     assert set(model.bands) == {2}                            # batch 3 (band 2: 3-5), not the mean's 2.4 (band 1)
 
 
 def test_a_window_without_step_counts_falls_back_to_its_mean():
     window = _window(Telemetry(), [2, 2, 3])
-    legacy = window.__class__(**{**window.__dict__, "steps_per_batch_size": None})
+    legacy = dataclasses.replace(window, steps_per_batch_size=None)
     assert legacy.batch_size_median == 2
 
 
