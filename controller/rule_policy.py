@@ -104,7 +104,7 @@ class RulePolicy:
         inputs = self._inputs(current, baseline)
         if speculating:
             state.band_k[band] = k_now
-            candidate = _plain_at(current, band)
+            candidate = _plain_at(current, band, self._model(current.spec_method).measured_bands())
             where = "" if candidate.spec_method == "off" else f" at batch band {band}"
             return Proposal(candidate, "fallback_probe", f"probe plain decoding{where}: speculation stays only while "
                             f"it beats it by {spec.min_gain}x ({schedule_text(candidate)})",
@@ -312,9 +312,11 @@ class RulePolicy:
                 "model": model.describe(band), "predictions": predictions, "calibration": self.calibration.summary()}
 
 
-def _plain_at(config: EngineConfig, band: int) -> EngineConfig:
-    """config decoding plainly at band's batch sizes; speculation off when no band would draft any more."""
-    candidate = with_bands(config, {band: 0})
+def _plain_at(config: EngineConfig, band: int, measured_bands: set[int]) -> EngineConfig:
+    """config decoding plainly at band's batch sizes, and at the larger batch sizes of bands never measured (as
+    learned() clamps them: in the controller bench, prose-hot's band fell back to plain decoding while the few steps of
+    23 and more sequences at its start kept drafting k 4); speculation off when no band would draft any more."""
+    candidate = learned(config, band, 0, measured_bands)
     return candidate if candidate.speculative_len > 0 else config.changed(spec_method="off")
 
 

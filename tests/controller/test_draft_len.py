@@ -60,6 +60,7 @@ def test_rule_policy_reaches_the_sweeps_best_k(build, prompts):
     assert trial["predicted_gain"] is not None and "predictions" in trial["inputs"]
     assert judged, "no draft-length trial was judged"
     assert all(d["inputs"]["judge"]["pairs"] > 0 and d["measured_gain"] is not None for d in judged)
-    predicted = [d for d in judged if d["predicted_gain"] is not None]
-    calibration = controller.state()["calibration"]        # every predicted trial checked against its measurement
+    predicted = [d for d in judged if d["predicted_gain"] is not None   # every predicted trial that measured a look's
+                 and d["inputs"]["judge"]["pairs"] >= controller.policy.judge.min_samples]   # pairs: checked
+    calibration = controller.state()["calibration"]
     assert calibration["trials"] == len(predicted) and 0 <= calibration["over_predicted_share"] <= 1
