@@ -25,6 +25,7 @@ from seam import EngineConfig, Experiment, Window
 log = logging.getLogger("governor.controller")
 MAX_NO_DATA_WINDOWS = 3     # a trial that sees no traffic for this many windows is reverted as inconclusive
 OUTCOMES = {BETTER: "kept", "worse": "reverted"}     # judge verdict -> trial outcome; otherwise the verdict itself
+UNMEASURED = "unmeasured"   # inconclusive before a look's min_samples pairs: the load left before it measured anything
 
 
 class PinHeld(RuntimeError):
@@ -155,7 +156,10 @@ class Controller:
         verdict = trial.judge.look()
         if verdict is None or not verdict.decided:
             return False
-        self._end_trial(OUTCOMES.get(verdict.outcome, verdict.outcome), verdict.reason, verdict)
+        outcome = OUTCOMES.get(verdict.outcome, verdict.outcome)
+        if outcome == INCONCLUSIVE and not self._measured(verdict):
+            outcome = UNMEASURED
+        self._end_trial(outcome, verdict.reason, verdict)
         return True
 
     def _end_trial(self, outcome: str, reason: str, verdict: Verdict | None = None) -> None:
@@ -193,9 +197,9 @@ class Controller:
                      config_version=self.current.version, trial_id=trial.id)
 
     def _measured(self, verdict: Verdict) -> bool:
-        """Did the trial measure its gain well enough to check a prediction against? At least a look's min_samples
-        pairs: a trial the load left after 2 pairs "measured" 2.1x with an interval of [0, inf] in the controller
-        bench, and a shrink learned from such figures is noise."""
+        """Did the trial measure its gain, well enough to check a prediction against or to count as lost? At least a
+        look's min_samples pairs: a trial the load left after 2 pairs "measured" 2.1x with an interval of [0, inf] in
+        the controller bench, and a shrink learned from such figures is noise."""
         return verdict.pairs >= self.policy.judge.min_samples
 
     # -- actions from alerts, operators and the built-in SLO evaluator --------------------------------------------

@@ -57,7 +57,7 @@ class RulePolicy:
             self.state.unavailable.add(proposal.config.spec_method)
         if outcome != "kept":
             self.state.rejected[(proposal.kind, _value(proposal))] = window_index
-        if proposal.kind == "fallback_probe":
+        if proposal.kind == "fallback_probe" and outcome != "unmeasured":
             lost, band = self.state.fallback_probes_lost, proposal.inputs["band"]
             lost[band] = 0 if outcome == "kept" else lost.get(band, 0) + 1
 
@@ -163,10 +163,12 @@ class RulePolicy:
     def reprobe_wait(self, speculating: bool, band: int) -> int:
         """Windows between mode probes. While speculating at band: reprobe_windows, doubled for each probe of plain
         decoding in a row that plain decoding lost at band, up to reprobe_backoff_max times (a load that moves to
-        another band is probed there at reprobe_windows; a released pin starts every band again). Speculation
-        measures acceptance at every step, so a shift in content at the same load is the goodput model's to catch
-        (k 0 at a band where plain decoding was measured). Plain decoding measures no drafts: probes of speculation
-        keep to reprobe_windows."""
+        another band is probed there at reprobe_windows; a released pin starts every band again; a probe the load
+        left before it measured anything is no loss: in the controller bench, one started in prose-hot's last second
+        ended unmeasured in the copy phase after it, and the doubled wait kept the next pass's prose-hot drafting
+        k 4 throughout). Speculation measures acceptance at every step, so a shift in content at the same load is the
+        goodput model's to catch (k 0 at a band where plain decoding was measured). Plain decoding measures no drafts:
+        probes of speculation keep to reprobe_windows."""
         spec = self.policy.speculation
         if not speculating:
             return spec.reprobe_windows

@@ -30,8 +30,8 @@ class Strategy(Protocol):
         """The next change to try from `current`, judged against `baseline`; None: nothing worth trying now."""
 
     def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int) -> None:
-        """How a proposal's trial ended (kept, reverted, no_difference, futile, inconclusive, cut_short, rolled_back,
-        failed); window: what the candidate's blocks measured (None when it ended without one)."""
+        """How a proposal's trial ended (kept, reverted, no_difference, futile, inconclusive, unmeasured, cut_short,
+        rolled_back, failed); window: what the candidate's blocks measured (None when it ended without one)."""
 
     def released(self, config: EngineConfig) -> None:
         """An operator's pin on config ended."""

@@ -233,6 +233,11 @@ def test_probes_of_plain_decoding_that_keep_losing_back_off_at_their_batch_band(
     assert probes(range(46, 60)) == [52]                        # back at batch 1: its backoff held (8 after 44)
     rules.released(current)
     assert rules.reprobe_wait(speculating=True, band=0) == 2
+    probe = rules.propose(current, light, 60)
+    rules.finished(probe, "unmeasured", None, 60)                   # the load left before it measured anything:
+    assert rules.reprobe_wait(speculating=True, band=0) == 2        # no loss, no longer wait
+    rules.finished(probe, "reverted", None, 62)
+    assert rules.reprobe_wait(speculating=True, band=0) == 4
     assert rules.reprobe_wait(speculating=False, band=0) == 2       # probes of speculation never back off
     rules.state.fallback_probes_lost[0] = 5
     assert rules.reprobe_wait(speculating=False, band=0) == 2
