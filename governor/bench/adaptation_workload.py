@@ -4,7 +4,10 @@
   COPY_SNIPPET_BYTES given twice, then its start again: a model that copies, as SmolLM2 does, continues it; answers
   COPY_LENGTH times as long as the others), at concurrency 1; prompt lookup at a large k wins here;
 - code: code generation at low concurrency (2); a small k, the draft model where one is trained, or plain decoding;
-- mixed: all three kinds at concurrency 6;
+- mixed: all three kinds at concurrency 6, every answer of the base length: the copy phase's long answers would run
+  on into prose-hot (6 mixed requests in flight at its start, copy answers of up to 288 tokens), and there they
+  delivered a third of its tokens (10-14 tok/s of 33-45) and favoured speculation (prompt lookup at k 2 served
+  prose-hot's own requests 0.79x plain decoding, the phase as a whole 0.92x);
 - prose-hot: prose sampled at PROSE_TEMPERATURE and concurrency 16, where most drafts are rejected and verifying
   them costs a whole batch; plain decoding wins. Its answers are PROSE_LENGTH times as long as the others, so that
   decoding rather than the 16 prefills at its start fills the phase. It comes last: requests still in flight at a
@@ -102,12 +105,13 @@ def phases(tokenizer, seconds: float, max_tokens: int, seed: int = 0) -> list[Ph
             max_tokens=max(1, round(max_tokens * length * LENGTHS[i % len(LENGTHS)])), temperature=temperature,
             ignore_eos=True, seed=seed + i if temperature > 0 else None)) for i, text in enumerate(texts))
 
-    snippets = prompt_set("code", 12, seed=seed + 1, max_bytes=COPY_SNIPPET_BYTES)
-    copy = jobs(COPY, [_copy_prompt(p.text) for p in snippets], 0.0, COPY_LENGTH)
+    copy_texts = [_copy_prompt(p.text) for p in prompt_set("code", 12, seed=seed + 1, max_bytes=COPY_SNIPPET_BYTES)]
     code = jobs(CODE, [p.text for p in prompt_set("code", 12, seed=seed + 2, max_bytes=200)], 0.0)
-    prose = jobs(PROSE, [p.text for p in prompt_set("prose", 24, seed=seed + 3, max_bytes=200)], PROSE_TEMPERATURE,
-                 PROSE_LENGTH)
-    mixed = tuple(job for trio in zip(copy, code, prose) for job in trio)
+    prose_texts = [p.text for p in prompt_set("prose", 24, seed=seed + 3, max_bytes=200)]
+    copy = jobs(COPY, copy_texts, 0.0, COPY_LENGTH)
+    prose = jobs(PROSE, prose_texts, PROSE_TEMPERATURE, PROSE_LENGTH)
+    mixed = tuple(job for trio in zip(jobs(COPY, copy_texts, 0.0), code, jobs(PROSE, prose_texts, PROSE_TEMPERATURE))
+                  for job in trio)
     return [PhaseSpec(name, concurrency, seconds * PHASE_SHARES[name], jobs) for name, concurrency, jobs in (
         (COPY, 1, copy), (CODE, 2, code), (MIXED, 6, mixed), (PROSE, 16, prose))]
 
