@@ -18,6 +18,7 @@ from seam import DraftLenSchedule, EngineConfig, Window, batch_band
 
 DRAFTERS = ("draft_model", "ngram")
 LIGHT_BAND = 1           # batch sizes up to 2: where an untried drafter is tried (see RulePolicy._untried_drafter)
+SETTLED_SHARE = 2 / 3    # of a window's steps in its median step's batch band: the load sits in that band
 
 
 @dataclass
@@ -74,8 +75,11 @@ class RulePolicy:
             self.state.spec_method = current.spec_method
         if current.speculative_len > 0:
             self.state.k_schedule = current.k_schedule
-        for rule in (self._mode_probe, self._untried_drafter, self._draft_len, self._drafter, self._capacity_factor,
-                     self._placement):
+        rules = (self._mode_probe, self._untried_drafter, self._draft_len, self._drafter, self._capacity_factor,
+                 self._placement)
+        if not _settled(baseline):          # the trials of one band's k or mode wait for the load to settle
+            rules = tuple(rule for rule in rules if rule not in (self._mode_probe, self._draft_len))
+        for rule in rules:
             proposal = rule(current, baseline, window_index)
             if proposal is not None and not self._recently_rejected(proposal, window_index):
                 return proposal
@@ -324,6 +328,17 @@ def _plain_at(config: EngineConfig, band: int, measured_bands: set[int]) -> Engi
 
 def _band(window: Window) -> int:
     return batch_band(window.batch_size_median)
+
+
+def _settled(window: Window) -> bool:
+    """Does the load sit in one batch band (SETTLED_SHARE of the window's steps in its median step's band)? A trial of
+    one band's k or speculation mode measures only the steps in that band, and one started while the load crossed
+    bands ran on with nothing to measure: in the controller bench, a probe of plain decoding at 23 or more sequences,
+    started while prose-hot's batch hovered at 22-23, held the one trial slot 17 s with 0 testable pairs."""
+    if not window.by_band or window.steps == 0:
+        return True
+    part = window.by_band.get(_band(window))
+    return part is not None and part.steps >= SETTLED_SHARE * window.steps
 
 
 def _batch(window: Window) -> int:

@@ -61,7 +61,7 @@ def test_calibration_learns_a_shrink_of_the_predicted_gain_that_holds_for_smalle
     assert calibration.corrected("draft_len", 1.1) == pytest.approx(1.1 ** beta)      # above 1: not over-corrected
 
 
-def test_calibration_learns_each_batch_bands_bias_pulled_toward_its_kinds():
+def test_calibration_learns_each_batch_bands_bias_apart():
     calibration = Calibration()
     for _ in range(6):       # k trials at 1 sequence under-predicted, at 16 sequences over-predicted
         calibration.record("draft_len", 1.2, 1.2, measured=1.2 ** 2, band=0)
@@ -70,8 +70,10 @@ def test_calibration_learns_each_batch_bands_bias_pulled_toward_its_kinds():
     assert heavy < 1.0 < anywhere < light and light > 1.2
     kind_beta = (PRIOR_TRIALS * PRIOR_SHRINK + 12 * 0.5) / (PRIOR_TRIALS + 12)   # median of six 2s and six -1s
     assert anywhere == pytest.approx(1.2 ** kind_beta)
-    assert light == pytest.approx(1.2 ** ((PRIOR_TRIALS * kind_beta + 6 * 2.0) / (PRIOR_TRIALS + 6)))
-    assert calibration.corrected("draft_len", 1.2, band=2) == pytest.approx(anywhere)   # no trial there: the kind's
+    assert light == pytest.approx(1.2 ** ((PRIOR_TRIALS * PRIOR_SHRINK + 6 * 2.0) / (PRIOR_TRIALS + 6)))
+    assert heavy == pytest.approx(1.2 ** ((PRIOR_TRIALS * PRIOR_SHRINK + 6 * -1.0) / (PRIOR_TRIALS + 6)))
+    # no trial at 3-5 sequences: the prior's, not the other bands' (which lean opposite ways)
+    assert calibration.corrected("draft_len", 1.2, band=2) == pytest.approx(1.2 ** PRIOR_SHRINK)
 
 
 def test_calibration_learns_the_models_bias_and_reports_it():
@@ -121,7 +123,8 @@ def test_a_k_change_the_calibrated_model_no_longer_believes_is_not_proposed():
 
     burned = Calibration()
     for _ in range(10):
-        burned.record("draft_len", proposal.raw_gain, proposal.predicted_gain, measured=0.95)
+        burned.record("draft_len", proposal.raw_gain, proposal.predicted_gain, measured=0.95,
+                      band=proposal.inputs["band"])
     humbled = _quiet(calibration=burned)
     for k in (2, 4):
         humbled.observe(_window("draft_model", k, batch=1, seconds_per_step=0.01, accepted=0.9))
@@ -362,3 +365,17 @@ def test_a_probe_of_speculation_is_left_out_while_plain_decodings_shadow_shows_i
     rules.observe(copying)
     probe = rules.propose(current, copying, 3)
     assert probe.kind == "speculation_probe" and probe.config.draft_len_for(4) > 0
+
+
+def test_no_trial_of_one_bands_k_or_mode_while_the_load_crosses_bands():
+    rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1}}))
+    rules.state.unavailable.add("draft_model")
+    current = EngineConfig(spec_method="ngram", draft_len=4)
+    heavy = _window("ngram", 4, batch=22, seconds_per_step=0.05, accepted=0.1)      # median step: 22, band 4
+
+    def split(at_22: int) -> Window:                    # 100 steps: at_22 of them at 22 sequences, the rest at 23
+        return dataclasses.replace(heavy, by_band={4: dataclasses.replace(heavy, steps=at_22),
+                                                   5: dataclasses.replace(heavy, steps=100 - at_22)})
+    assert rules.propose(current, split(55), 1) is None                 # hovering at the edge of bands 4 and 5
+    probe = rules.propose(current, split(80), 2)                        # settled in band 4
+    assert probe.kind == "fallback_probe" and "batch band 4" in probe.reason
