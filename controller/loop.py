@@ -16,7 +16,7 @@ from controller.judge import BETTER, INCONCLUSIVE, SwitchbackJudge, Verdict, sam
 from controller.periodic import Periodic
 from controller.rule_policy import RulePolicy
 from controller.store import Pin, RollbackRow, Store
-from controller.strategy import Proposal, Strategy
+from controller.strategy import UNMEASURED, Proposal, Strategy
 from controller.trial import Trial, candidate_breaches, incumbent_breaks_slo, speculation_gain
 from controller.window_stats import merge_windows, no_data_reason, short_of_traffic, slo_breaches, window_summary
 from policies import Policy
@@ -25,7 +25,6 @@ from seam import EngineConfig, Experiment, Window
 log = logging.getLogger("governor.controller")
 MAX_NO_DATA_WINDOWS = 3     # a trial that sees no traffic for this many windows is reverted as inconclusive
 OUTCOMES = {BETTER: "kept", "worse": "reverted"}     # judge verdict -> trial outcome; otherwise the verdict itself
-UNMEASURED = "unmeasured"   # inconclusive before a look's min_samples pairs: the load left before it measured anything
 
 
 class PinHeld(RuntimeError):

@@ -9,7 +9,7 @@ import numpy as np
 from controller.calibration import Calibration
 from controller.goodput import GoodputModel
 from controller.schedule import learned, schedule_text, with_bands, with_schedule
-from controller.strategy import Proposal
+from controller.strategy import UNMEASURED, Proposal
 from controller.window_stats import tokens_per_busy_second
 from engine.placement import Topology, balancedness, tokens_per_device
 from engine.planner import plan_placement
@@ -58,7 +58,7 @@ class RulePolicy:
             self.state.unavailable.add(proposal.config.spec_method)
         if outcome != "kept":
             self.state.rejected[(proposal.kind, _value(proposal))] = window_index
-        if proposal.kind == "fallback_probe" and outcome != "unmeasured":
+        if proposal.kind == "fallback_probe" and outcome != UNMEASURED:
             lost, band = self.state.fallback_probes_lost, proposal.inputs["band"]
             lost[band] = 0 if outcome == "kept" else lost.get(band, 0) + 1
 

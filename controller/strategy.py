@@ -7,6 +7,9 @@ from typing import Protocol
 
 from seam import EngineConfig, Window
 
+UNMEASURED = "unmeasured"   # a trial's outcome when it ended inconclusive before a look's min_samples pairs: the load
+                            # left before it measured anything
+
 
 @dataclass(frozen=True)
 class Proposal:

@@ -4,10 +4,10 @@
   COPY_SNIPPET_BYTES given twice, then its start again: a model that copies, as SmolLM2 does, continues it; answers
   COPY_LENGTH times as long as the others), at concurrency 1; prompt lookup at a large k wins here;
 - code: code generation at low concurrency (2); a small k, the draft model where one is trained, or plain decoding;
-- mixed: all three kinds at concurrency 6, every answer of the base length: the copy phase's long answers would run
-  on into prose-hot (6 mixed requests in flight at its start, copy answers of up to 288 tokens), and there they
-  delivered a third of its tokens (10-14 tok/s of 33-45) and favoured speculation (prompt lookup at k 2 served
-  prose-hot's own requests 0.79x plain decoding, the phase as a whole 0.92x);
+- mixed: all three kinds at concurrency 6, every answer of the base length: copy answers as long as the copy
+  phase's would run on into prose-hot (6 mixed requests in flight at its start, copy answers of up to 288 tokens),
+  and there they delivered a third of its tokens (10-14 tok/s of 33-45) and favoured speculation (prompt lookup at
+  k 2 served prose-hot's own requests 0.79x plain decoding, the phase as a whole 0.92x);
 - prose-hot: prose sampled at PROSE_TEMPERATURE and concurrency 16, where most drafts are rejected and verifying
   them costs a whole batch; plain decoding wins. Its answers are PROSE_LENGTH times as long as the others, so that
   decoding rather than the 16 prefills at its start fills the phase. It comes last: requests still in flight at a
