@@ -19,7 +19,8 @@ prose-hot); in code and mixed the configs lie within the noise of each other, an
 repetition to the next (run 8's three: code k 2, k 8, plain; mixed k 8, k 2, k 8). At equal lengths the per-phase
 oracle was 1.15x and 1.14x the best static config, at the bar a workload that tests adaptation must clear; with
 prose-hot alone lengthened (1, 1, 0.5, 1.5), a compromise (k 2, near plain in prose-hot) became the best static
-config and the oracle 1.13x; at these lengths two full runs measured 1.13x and 1.15x.
+config and the oracle 1.13x; at these lengths two full runs measured 1.13x and 1.15x, and with mixed's answers at
+the base length (k 2 then 0.81-0.86x plain in prose-hot) 1.20x and 1.22x.
 
 In that order, load rises from 1 to 16 sequences. Measured on 2 cores before this order and length (one run of each
 static arm through the four 20 s phases, k 8 vs plain): with prose-hot third and as long as the others, 0.72x in
