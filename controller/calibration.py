@@ -7,8 +7,11 @@ new prediction uses their median, pulled toward a prior shrink while few trials 
 uses the kind's trials at that band only: in the controller bench, k trials at 1 sequence of copying under-predicted
 (1.16-1.26x predicted, 1.48-1.54x measured) while those at 3-22 sequences over-predicted (1.16x, 0.97x; 1.25x,
 0.76x), and pooled with the first, the second were calibrated further up (1.39x raw, 1.72x calibrated, 1.25x
-measured). A predicted gain of almost nothing says nothing about the shrink, so such trials are not counted. An
-uncorrected optimism sends the controller into trials that lose.
+measured). A probe of the other speculation mode changes k to or from 0 at one band, and calibrates the draft_len
+what-if there: in the controller bench, a fallback at 12-22 sequences measured plain decoding 1.24-1.29x k 4, and the
+model, uncorrected, went on to propose k 0 -> 7 there (1.07x) and to probe speculation again. A predicted gain of
+almost nothing says nothing about the shrink, so such trials are not counted. An uncorrected optimism sends the
+controller into trials that lose.
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import statistics
 import threading
 from collections import deque
 from dataclasses import dataclass
+
+from controller.strategy import PROBES
 
 MEMORY = 20              # trials per kind (and per band) the shrink is estimated from
 PRIOR_TRIALS = 2         # weight of the prior against the measured shrink, in trials
@@ -43,10 +48,11 @@ class Calibration:
         self._checks: deque[Check] = deque(maxlen=10 * MEMORY)
 
     def corrected(self, kind: str, raw: float, band: int | None = None) -> float:
-        """raw ^ beta, beta: the median measured shrink of kind's trials (at band, if one is given), pulled toward the
-        prior by PRIOR_TRIALS."""
+        """raw ^ beta, beta: the median measured shrink of the trials of kind's what-if (at band, if one is given),
+        pulled toward the prior by PRIOR_TRIALS."""
         with self._lock:
-            informative = [c for c in self._checks if c.kind == kind and abs(math.log(c.raw)) >= MIN_LOG_GAIN
+            informative = [c for c in self._checks if _what_if(c.kind) == _what_if(kind)
+                           and abs(math.log(c.raw)) >= MIN_LOG_GAIN
                            and (band is None or c.band == band)]
         return raw ** _pulled(PRIOR_SHRINK, informative[-MEMORY:])
 
@@ -66,6 +72,12 @@ class Calibration:
             checks = list(self._checks)
         return {"trials": len(checks), **_errors(checks, "predicted"),
                 **{f"raw_{name}": value for name, value in _errors(checks, "raw").items()}}
+
+
+def _what_if(kind: str) -> str:
+    """The what-if a kind of trial checks: a probe of the other speculation mode is a draft_len change (k to or from
+    0)."""
+    return "draft_len" if kind in PROBES else kind
 
 
 def _pulled(prior: float, checks: list[Check]) -> float:

@@ -8,7 +8,7 @@ import numpy as np
 
 from controller.calibration import Calibration
 from controller.goodput import GoodputModel
-from controller.schedule import learned, schedule_text, with_bands, with_schedule
+from controller.schedule import MAX_BAND, learned, schedule_text, with_bands, with_schedule
 from controller.strategy import UNMEASURED, Proposal
 from controller.window_stats import tokens_per_busy_second
 from engine.placement import Topology, balancedness, tokens_per_device
@@ -108,11 +108,12 @@ class RulePolicy:
         inputs = self._inputs(current, baseline)
         if speculating:
             state.band_k[band] = k_now
-            candidate = _plain_at(current, band, self._model(current.spec_method).measured_bands())
+            candidate = _plain_at(current, band)
             where = "" if candidate.spec_method == "off" else f" at batch band {band}"
+            what_if = self._what_if(current.spec_method, 0, k_now, band)
             return Proposal(candidate, "fallback_probe", f"probe plain decoding{where}: speculation stays only while "
-                            f"it beats it by {spec.min_gain}x ({schedule_text(candidate)})",
-                            keep_gain=1 / spec.min_gain, inputs=inputs)
+                            f"it beats it by {spec.min_gain}x{_predicted_text(what_if)} ({schedule_text(candidate)})",
+                            keep_gain=1 / spec.min_gain, inputs=inputs, **what_if)
         if current.spec_method == "off":
             candidate = with_schedule(current.changed(spec_method=state.spec_method), self._schedule_to_resume(
                 current, baseline))
@@ -121,9 +122,20 @@ class RulePolicy:
                 current.spec_method, band, current.speculative_len or EngineConfig().draft_len)
             candidate = with_bands(current, {band: k})
         threshold = spec.min_gain + spec.hysteresis
+        what_if = self._what_if(state.spec_method, candidate.draft_len_for(_batch(baseline)), 0, band)
         return Proposal(candidate, "speculation_probe", f"probe speculation at {schedule_text(candidate)}: re-enabled "
-                        f"only if it beats plain decoding by {threshold:.3f}x (min_gain + hysteresis)",
-                        keep_gain=threshold, inputs=inputs)
+                        f"only if it beats plain decoding by {threshold:.3f}x (min_gain + hysteresis)"
+                        f"{_predicted_text(what_if)}", keep_gain=threshold, inputs=inputs, **what_if)
+
+    def _what_if(self, method: str, k: int, k_now: int, band: int) -> dict:
+        """A probe's predicted gain, raw and calibrated as a draft_len change at band, where method's goodput model
+        predicts both modes there: the probe's measurement then checks it, and what plain decoding won or lost at a
+        band corrects the model's later k proposals and answers there."""
+        model = self._model(method)
+        if not (model.ready(band) and model.predicts_plain(band)):
+            return {}
+        raw = model.gain(k, k_now, band)
+        return {"raw_gain": raw, "predicted_gain": self.calibration.corrected("draft_len", raw, band)}
 
     def _plain_answered(self, method: str, band: int, k: int) -> bool:
         """Has the goodput model answered what a probe of plain decoding at band would ask? Once it predicts plain
@@ -318,12 +330,19 @@ class RulePolicy:
                 "model": model.describe(band), "predictions": predictions, "calibration": self.calibration.summary()}
 
 
-def _plain_at(config: EngineConfig, band: int, measured_bands: set[int]) -> EngineConfig:
-    """config decoding plainly at band's batch sizes, and at the larger batch sizes of bands never measured (as
-    learned() clamps them: in the controller bench, prose-hot's band fell back to plain decoding while the few steps of
-    23 and more sequences at its start kept drafting k 4); speculation off when no band would draft any more."""
-    candidate = learned(config, band, 0, measured_bands)
+def _plain_at(config: EngineConfig, band: int) -> EngineConfig:
+    """config decoding plainly at band's batch sizes and every larger one, measured or not (speculation pays less as
+    the batch grows: where plain decoding wins, it wins at larger batches too; in the controller bench, prose-hot's
+    12-22 sequences fell back while the 23 and more at its start, measured at k 4 in an earlier phase, kept drafting
+    k 4); speculation off when no band would draft any more."""
+    candidate = with_bands(config, {b: 0 for b in range(band, MAX_BAND + 1)})
     return candidate if candidate.speculative_len > 0 else config.changed(spec_method="off")
+
+
+def _predicted_text(what_if: dict) -> str:
+    if not what_if:
+        return ""
+    return f"; goodput model predicts {what_if['raw_gain']:.3f}x, calibrated {what_if['predicted_gain']:.3f}x"
 
 
 def _band(window: Window) -> int:

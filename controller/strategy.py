@@ -9,6 +9,8 @@ from seam import EngineConfig, Window
 
 UNMEASURED = "unmeasured"   # a trial's outcome when it ended inconclusive before a look's min_samples pairs: the load
                             # left before it measured anything
+PROBES = ("fallback_probe", "speculation_probe")    # trials of the other speculation mode at one batch band: k to or
+                                                    # from 0 there, not a change predicted to pay
 
 
 @dataclass(frozen=True)

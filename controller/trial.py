@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from controller.judge import SwitchbackJudge
-from controller.strategy import Proposal
+from controller.strategy import PROBES, Proposal
 from controller.window_stats import merge_windows, slo_breaches
 from policies import Policy
 from seam import EngineConfig, Window
@@ -61,6 +61,6 @@ def incumbent_breaks_slo(window: Window, policy: Policy) -> bool:
 
 def speculation_gain(kind: str, gain: float | None) -> float | None:
     """Measured speculative over plain decode throughput, from a probe of one mode against the other."""
-    if gain is None or kind not in ("fallback_probe", "speculation_probe"):
+    if gain is None or kind not in PROBES:
         return None
     return 1 / gain if kind == "fallback_probe" else gain

@@ -29,6 +29,7 @@ from scipy import stats
 
 from controller.clients import InProcessClient
 from controller.plane import build_control_plane
+from controller.strategy import PROBES
 from engine.engine import Engine
 from governor.bench import report
 from governor.bench.adaptation_workload import LOW_ACCEPTANCE_PHASE, RunResult, goodput, phases, run_closed_loop
@@ -224,14 +225,16 @@ def _mean_ci(values: list[float]) -> dict:
 
 
 def _calibration(repetitions: list[dict]) -> dict:
-    """Over every trial of every controller run: the calibrated what-if against the switchback measurements, and the
-    share of trials kept, of all (probes of the other mode and of an untried drafter included) and of those proposed
-    on a calibrated prediction."""
+    """Over every trial of every controller run: the calibrated what-if against the switchback measurements (probes
+    of the other mode included: they check the model's prediction of it), and the share of trials kept, of all
+    (probes of the other mode and of an untried drafter included) and of those proposed on a calibrated prediction
+    that they pay."""
     checks = [c for rep in repetitions for c in rep["arms"][CONTROLLER]["checks"]]
     decisions = [d for rep in repetitions for d in rep["arms"][CONTROLLER]["decisions"]]
     trials = [d for d in decisions if d["action"] == "trial"]
     kept = [d for d in decisions if d["action"] in KEPT]
-    ended = [d for d in decisions if d["action"] in TRIAL_ENDS and d["predicted_gain"] is not None]
+    ended = [d for d in decisions if d["action"] in TRIAL_ENDS and d["predicted_gain"] is not None
+             and d["inputs"]["kind"] not in PROBES]
     ended_kept = sum(d["action"] in KEPT for d in ended)
 
     def errors(field: str) -> dict:

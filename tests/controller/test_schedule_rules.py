@@ -76,6 +76,14 @@ def test_calibration_learns_each_batch_bands_bias_apart():
     assert calibration.corrected("draft_len", 1.2, band=2) == pytest.approx(1.2 ** PRIOR_SHRINK)
 
 
+def test_a_probe_of_the_other_mode_calibrates_the_k_changes_at_its_band():
+    calibration = Calibration()
+    calibration.record("fallback_probe", 1 / 1.1, 1 / 1.1, measured=1.25, band=4)   # plain: 0.91x k predicted, 1.25x
+    assert calibration.corrected("draft_len", 1.1, band=4) < 1.0         # k > 0 there is no longer believed to pay
+    assert calibration.corrected("draft_len", 1.1, band=0) == pytest.approx(1.1)     # other bands: the prior
+    assert calibration.corrected("spec_method", 1.1, band=4) == pytest.approx(1.1)   # another what-if
+
+
 def test_calibration_learns_the_models_bias_and_reports_it():
     calibration = Calibration()
     assert calibration.corrected("draft_len", 1.2) == pytest.approx(1.2 ** PRIOR_SHRINK)   # the prior alone
@@ -365,6 +373,35 @@ def test_a_probe_of_speculation_is_left_out_while_plain_decodings_shadow_shows_i
     rules.observe(copying)
     probe = rules.propose(current, copying, 3)
     assert probe.kind == "speculation_probe" and probe.config.draft_len_for(4) > 0
+
+
+def test_a_probe_of_speculation_carries_its_prediction_and_once_it_lost_the_calibrated_model_answers_the_next():
+    rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1, "k_max": 4}, "trial": {"retry_windows": 1}}))
+    rules.state.unavailable.add("draft_model")
+    for k in (2, 4):
+        rules.observe(_window("ngram", k, batch=4, seconds_per_step=0.01, accepted=0.1))
+    current = EngineConfig(spec_method="ngram", draft_len_schedule=((2, 4), (5, 0), (1024, 4)))   # plain at 3-5
+    copying = _plain_shadowed(4, 0.01, shadow_accepted=0.95)
+    rules.observe(copying)
+    rules.observe(copying)
+    probe = rules.propose(current, copying, 1)
+    assert probe.kind == "speculation_probe" and probe.raw_gain > 1.10 and probe.predicted_gain == probe.raw_gain
+    assert f"predicts {probe.raw_gain:.3f}x" in probe.reason
+    rules.calibration.record(probe.kind, probe.raw_gain, probe.predicted_gain, measured=0.77, band=probe.inputs["band"])
+    rules.finished(probe, "reverted", None, 1)
+    assert rules.propose(current, copying, 3) is None              # the model, corrected, no longer clears the bar
+    rules.calibration = Calibration()                              # without that measurement: asked again
+    assert rules.propose(current, copying, 4).kind == "speculation_probe"
+
+
+def test_a_probe_of_plain_decoding_covers_every_larger_batch_size_measured_or_not():
+    rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1}}))
+    rules.state.unavailable.add("draft_model")
+    rules.observe(_window("ngram", 4, batch=24, seconds_per_step=0.05, accepted=0.1))    # 23+ sequences: k 4 measured
+    current = EngineConfig(spec_method="ngram", draft_len_schedule=((1, 8), (1024, 4)))
+    probe = rules.propose(current, _window("ngram", 4, batch=16, seconds_per_step=0.05, accepted=0.1), 1)
+    assert probe.kind == "fallback_probe" and "batch band 4" in probe.reason
+    assert [probe.config.draft_len_for(b) for b in (1, 11, 12, 22, 23, 5000)] == [8, 4, 0, 0, 0, 0]
 
 
 def test_no_trial_of_one_bands_k_or_mode_while_the_load_crosses_bands():
