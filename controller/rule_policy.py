@@ -9,7 +9,7 @@ import numpy as np
 from controller.calibration import Calibration
 from controller.goodput import GoodputModel
 from controller.schedule import MAX_BAND, learned, schedule_text, with_bands, with_schedule
-from controller.strategy import UNMEASURED, Proposal
+from controller.strategy import PROBES, UNMEASURED, Proposal
 from controller.window_stats import tokens_per_busy_second
 from engine.placement import Topology, balancedness, tokens_per_device
 from engine.planner import plan_placement
@@ -27,8 +27,8 @@ class RuleState:
     models: dict[str, GoodputModel] = field(default_factory=lambda: {
         m: GoodputModel(shadowed=m == "ngram") for m in DRAFTERS})
     last_mode_probe: int = 0                             # window index of the last speculation on/off probe
-    fallback_probes_lost: dict[int, int] = field(default_factory=dict)   # band -> probes of plain decoding in a
-                                                                         # row that plain decoding lost there
+    probes_lost: dict[str, dict[int, int]] = field(default_factory=lambda: {kind: {} for kind in PROBES})
+                                    # probe kind -> band -> its probes in a row that the probed mode lost there
     last_drafter_probe: int | None = None                # window index of the last try of the other drafter
     rejected: dict[tuple, int] = field(default_factory=dict)   # (kind, value) -> window index it was reverted
     last_placement: int | None = None
@@ -58,15 +58,20 @@ class RulePolicy:
             self.state.unavailable.add(proposal.config.spec_method)
         if outcome != "kept":
             self.state.rejected[(proposal.kind, _value(proposal))] = window_index
-        if proposal.kind == "fallback_probe" and outcome != UNMEASURED:
-            lost, band = self.state.fallback_probes_lost, proposal.inputs["band"]
-            lost[band] = 0 if outcome == "kept" else lost.get(band, 0) + 1
+        if proposal.kind in PROBES and outcome != UNMEASURED:
+            lost, band = self.state.probes_lost, proposal.inputs["band"]
+            if outcome == "kept":           # the probe measured the mode it replaced losing: once, for its next probe
+                lost[proposal.kind][band] = 0
+                lost[next(kind for kind in PROBES if kind != proposal.kind)][band] = 1
+            else:
+                lost[proposal.kind][band] = lost[proposal.kind].get(band, 0) + 1
 
     def released(self, config: EngineConfig) -> None:
         """An operator's pin ended: probe the other speculation mode at the next window rather than after
         reprobe_windows (a pin that turned speculation off should not keep it off once lifted)."""
         self.state.last_mode_probe = -self.policy.speculation.reprobe_windows
-        self.state.fallback_probes_lost.clear()
+        for lost in self.state.probes_lost.values():
+            lost.clear()
         for probe in [key for key in self.state.rejected if key[0] == "speculation_probe"]:
             del self.state.rejected[probe]
 
@@ -177,18 +182,18 @@ class RulePolicy:
         return model.best(self._reachable(model, band), band).k if model.ready(band) else otherwise
 
     def reprobe_wait(self, speculating: bool, band: int) -> int:
-        """Windows between mode probes. While speculating at band: reprobe_windows, doubled for each probe of plain
-        decoding in a row that plain decoding lost at band, up to reprobe_backoff_max times (a load that moves to
-        another band is probed there at reprobe_windows; a released pin starts every band again; a probe the load
-        left before it measured anything is no loss: in the controller bench, one started in prose-hot's last second
-        ended unmeasured in the copy phase after it, and the doubled wait kept the next pass's prose-hot drafting
-        k 4 throughout). Speculation measures acceptance at every step, so a shift in content at the same load is the
-        goodput model's to catch (k 0 at a band where plain decoding was measured). Plain decoding measures no drafts:
-        probes of speculation keep to reprobe_windows."""
+        """Windows between probes of the other mode at band: reprobe_windows, doubled for each probe of that mode in a
+        row that lost at band, up to reprobe_backoff_max times. A kept probe counts as one loss for the next probe of
+        the mode it replaced (it measured that mode losing). A load that moves to another band is probed there on its
+        own count; a released pin starts every band again; a probe the load left before it measured anything is no
+        loss (in the controller bench, one started in prose-hot's last second ended unmeasured in the copy phase
+        after it, and a doubled wait kept the next pass's prose-hot drafting k 4). Probes of speculation back off too:
+        in the controller bench, each one at 12-22 sequences of prose-hot ran 7-10 s at 0.72-0.77x plain decoding
+        while the shadow's model, 1.56x there, kept clearing the re-enable bar; a shift in content that makes
+        speculation pay again waits at most reprobe_backoff_max x reprobe_windows."""
         spec = self.policy.speculation
-        if not speculating:
-            return spec.reprobe_windows
-        return spec.reprobe_windows * min(2 ** self.state.fallback_probes_lost.get(band, 0), spec.reprobe_backoff_max)
+        lost = self.state.probes_lost["fallback_probe" if speculating else "speculation_probe"].get(band, 0)
+        return spec.reprobe_windows * min(2 ** lost, spec.reprobe_backoff_max)
 
     # -- k by batch band, from the goodput model ------------------------------------------------------------------
 
@@ -204,11 +209,14 @@ class RulePolicy:
     def _draft_len(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
         """Set the k of the batch band the traffic is in (and of the bands never measured) to the model's best;
         the bands learned already keep theirs, so the schedule fills in as the load visits each band. k = 0 (plain
-        decoding at this band's batch sizes only) is a candidate once plain decoding was measured at the band."""
+        decoding at this band's batch sizes only) is a candidate once plain decoding was measured at the band. A band
+        decoding plainly is left to the probes of speculation, with their re-enable bar and backoff: in the controller
+        bench, a k 0 -> 4 trial at 12-22 sequences (calibrated 1.06x) followed a probe of speculation there that had
+        measured 0.72x."""
         model, band = self._model(current.spec_method), _band(baseline)
-        if current.speculative_len == 0 or not model.ready(band):
-            return None
         k_now = current.draft_len_for(_batch(baseline))
+        if k_now == 0 or not model.ready(band):
+            return None
         reachable = self._reachable(model, band)
         if model.measured_plain(band):
             reachable = range(0, reachable.stop)

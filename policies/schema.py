@@ -43,8 +43,9 @@ class SpeculationPolicy(_Section):
                               description="re-enable only at a gain of min_gain + hysteresis")
     reprobe_windows: int = Field(10, ge=1, description="windows between probes of the other mode")
     reprobe_backoff_max: int = Field(8, ge=1, le=1024, description=(
-        "while speculating, the wait between probes of plain decoding doubles after each one plain decoding "
-        "lost, up to this many times reprobe_windows; 1: every reprobe_windows"))
+        "the wait between probes of the other mode at a batch band doubles after each one that mode lost there "
+        "(a kept probe counts as one loss for the mode it replaced), up to this many times reprobe_windows; 1: every "
+        "reprobe_windows"))
 
 
 class TrialPolicy(_Section):

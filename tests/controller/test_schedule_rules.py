@@ -2,11 +2,12 @@
 calibration's correction of an optimistic model, and the rules' proposals from the engine's own Window type."""
 
 import dataclasses
+import math
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from controller.calibration import PRIOR_SHRINK, PRIOR_TRIALS, Calibration
+from controller.calibration import MEMORY, PRIOR_SHRINK, PRIOR_TRIALS, Calibration
 from controller.counters import PrometheusCounters
 from controller.rule_policy import RulePolicy
 from controller.schedule import band_batch_sizes, learned, with_bands
@@ -67,19 +68,21 @@ def test_calibration_learns_each_batch_bands_bias_apart():
         calibration.record("draft_len", 1.2, 1.2, measured=1.2 ** 2, band=0)
         calibration.record("draft_len", 1.25, 1.25, measured=1.25 ** -1, band=4)
     light, heavy, anywhere = (calibration.corrected("draft_len", 1.2, band) for band in (0, 4, None))
-    assert heavy < 1.0 < anywhere < light and light > 1.2
-    kind_beta = (PRIOR_TRIALS * PRIOR_SHRINK + 12 * 0.5) / (PRIOR_TRIALS + 12)   # median of six 2s and six -1s
+    assert 1.0 < heavy < 1.05 < anywhere < light and light > 1.2
+    kind_beta = (PRIOR_TRIALS * PRIOR_SHRINK + 12 * 1.0) / (PRIOR_TRIALS + 12)   # median of six 2s and six 0s
     assert anywhere == pytest.approx(1.2 ** kind_beta)
     assert light == pytest.approx(1.2 ** ((PRIOR_TRIALS * PRIOR_SHRINK + 6 * 2.0) / (PRIOR_TRIALS + 6)))
-    assert heavy == pytest.approx(1.2 ** ((PRIOR_TRIALS * PRIOR_SHRINK + 6 * -1.0) / (PRIOR_TRIALS + 6)))
+    # measured on the other side of 1: the prediction said nothing (shrink 0), and is not reversed
+    assert heavy == pytest.approx(1.2 ** ((PRIOR_TRIALS * PRIOR_SHRINK + 6 * 0.0) / (PRIOR_TRIALS + 6)))
     # no trial at 3-5 sequences: the prior's, not the other bands' (which lean opposite ways)
     assert calibration.corrected("draft_len", 1.2, band=2) == pytest.approx(1.2 ** PRIOR_SHRINK)
 
 
 def test_a_probe_of_the_other_mode_calibrates_the_k_changes_at_its_band():
     calibration = Calibration()
-    calibration.record("fallback_probe", 1 / 1.1, 1 / 1.1, measured=1.25, band=4)   # plain: 0.91x k predicted, 1.25x
-    assert calibration.corrected("draft_len", 1.1, band=4) < 1.0         # k > 0 there is no longer believed to pay
+    calibration.record("fallback_probe", 1 / 1.5, 1 / 1.5, measured=1 / 1.2, band=4)   # plain: 0.67x k predicted, 0.83x
+    beta = (PRIOR_TRIALS * PRIOR_SHRINK + math.log(1.2) / math.log(1.5)) / (PRIOR_TRIALS + 1)
+    assert calibration.corrected("draft_len", 1.5, band=4) == pytest.approx(1.5 ** beta)    # k's gain shrinks there
     assert calibration.corrected("draft_len", 1.1, band=0) == pytest.approx(1.1)     # other bands: the prior
     assert calibration.corrected("spec_method", 1.1, band=4) == pytest.approx(1.1)   # another what-if
 
@@ -90,7 +93,7 @@ def test_calibration_learns_the_models_bias_and_reports_it():
     for _ in range(10):
         raw = 1.2
         calibration.record("draft_len", raw, calibration.corrected("draft_len", raw), measured=0.9)
-    assert calibration.corrected("draft_len", 1.2) < 1.0                  # measured 0.9 for 1.2 predicted, 10 times
+    assert 1.0 < calibration.corrected("draft_len", 1.2) < 1.05      # measured 0.9 for 1.2 predicted, 10 times
     assert calibration.corrected("spec_method", 1.2) == pytest.approx(1.2 ** PRIOR_SHRINK)   # another kind: prior only
     summary = calibration.summary()
     assert summary["trials"] == 10 and summary["raw_over_predicted_share"] == 1.0
@@ -130,7 +133,7 @@ def test_a_k_change_the_calibrated_model_no_longer_believes_is_not_proposed():
     assert 1.0 < proposal.predicted_gain == proposal.raw_gain          # no trial yet: the model at its word
 
     burned = Calibration()
-    for _ in range(10):
+    for _ in range(MEMORY):                     # every trial measured a loss: the prediction, shrunk, falls below 1.05
         burned.record("draft_len", proposal.raw_gain, proposal.predicted_gain, measured=0.95,
                       band=proposal.inputs["band"])
     humbled = _quiet(calibration=burned)
@@ -221,6 +224,16 @@ def test_a_band_where_plain_decoding_measured_faster_gets_k_0_and_the_other_band
     assert proposal.config.speculative_len == 4 and "<=11: 4, more: 0" in proposal.reason
 
 
+def test_a_band_decoding_plainly_is_left_to_the_probes_of_speculation():
+    rules = _quiet()
+    for k in (0, 2, 4):
+        rules.observe(_window("ngram" if k else "off", k, batch=1, seconds_per_step=0.01, accepted=0.9))
+    speculating = EngineConfig(spec_method="ngram", draft_len=2)
+    assert rules.propose(speculating, _window("ngram", 2, 1, 0.01, 0.9), 1).config.draft_len_for(1) > 2
+    plain_here = EngineConfig(spec_method="ngram", draft_len_schedule=((1, 0), (1024, 4)))
+    assert rules.propose(plain_here, _window("ngram", 0, 1, 0.01, 0.0), 1) is None   # no k trial: a probe's to ask
+
+
 def test_probes_of_plain_decoding_that_keep_losing_back_off_at_their_batch_band():
     policy = parse_policy({"speculation": {"reprobe_windows": 2, "reprobe_backoff_max": 4},
                            "trial": {"retry_windows": 1}})             # only the backoff spaces the probes
@@ -249,9 +262,9 @@ def test_probes_of_plain_decoding_that_keep_losing_back_off_at_their_batch_band(
     assert rules.reprobe_wait(speculating=True, band=0) == 2        # no loss, no longer wait
     rules.finished(probe, "reverted", None, 62)
     assert rules.reprobe_wait(speculating=True, band=0) == 4
-    assert rules.reprobe_wait(speculating=False, band=0) == 2       # probes of speculation never back off
-    rules.state.fallback_probes_lost[0] = 5
-    assert rules.reprobe_wait(speculating=False, band=0) == 2
+    assert rules.reprobe_wait(speculating=False, band=0) == 2       # probes of speculation keep their own count
+    rules.state.probes_lost["speculation_probe"][0] = 5
+    assert rules.reprobe_wait(speculating=False, band=0) == 8
 
 
 def test_a_bad_backoff_is_refused_naming_the_field():
@@ -271,7 +284,10 @@ def test_a_probe_of_plain_decoding_covers_the_band_the_load_is_in_and_speculatio
     rules.finished(probe, "kept", None, 1)
     light = rules.propose(fallen, _window("ngram", 8, batch=1, seconds_per_step=0.01, accepted=0.9), 2)
     assert light.kind == "fallback_probe" and light.config.draft_len_for(1) == 0   # batch 1 speculates: probed
-    back = rules.propose(fallen, _window("ngram", 0, batch=16, seconds_per_step=0.05, accepted=0.0), 3)
+    plain = _window("ngram", 0, batch=16, seconds_per_step=0.05, accepted=0.0)
+    assert rules.reprobe_wait(speculating=False, band=4) == 2      # the fallback measured speculation losing there
+    assert rules.propose(fallen, plain, 3) is None
+    back = rules.propose(fallen, plain, 4)
     assert back.kind == "speculation_probe" and back.config.spec_method == "ngram"
     assert [back.config.draft_len_for(b) for b in (1, 16)] == [8, 4]
 
@@ -375,8 +391,9 @@ def test_a_probe_of_speculation_is_left_out_while_plain_decodings_shadow_shows_i
     assert probe.kind == "speculation_probe" and probe.config.draft_len_for(4) > 0
 
 
-def test_a_probe_of_speculation_carries_its_prediction_and_once_it_lost_the_calibrated_model_answers_the_next():
-    rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1, "k_max": 4}, "trial": {"retry_windows": 1}}))
+def test_a_probe_of_speculation_carries_its_prediction_and_those_that_lose_back_off_at_their_band():
+    rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1, "k_max": 4, "reprobe_backoff_max": 4},
+                                     "trial": {"retry_windows": 1}}))
     rules.state.unavailable.add("draft_model")
     for k in (2, 4):
         rules.observe(_window("ngram", k, batch=4, seconds_per_step=0.01, accepted=0.1))
@@ -384,14 +401,21 @@ def test_a_probe_of_speculation_carries_its_prediction_and_once_it_lost_the_cali
     copying = _plain_shadowed(4, 0.01, shadow_accepted=0.95)
     rules.observe(copying)
     rules.observe(copying)
-    probe = rules.propose(current, copying, 1)
-    assert probe.kind == "speculation_probe" and probe.raw_gain > 1.10 and probe.predicted_gain == probe.raw_gain
-    assert f"predicts {probe.raw_gain:.3f}x" in probe.reason
-    rules.calibration.record(probe.kind, probe.raw_gain, probe.predicted_gain, measured=0.77, band=probe.inputs["band"])
-    rules.finished(probe, "reverted", None, 1)
-    assert rules.propose(current, copying, 3) is None              # the model, corrected, no longer clears the bar
-    rules.calibration = Calibration()                              # without that measurement: asked again
-    assert rules.propose(current, copying, 4).kind == "speculation_probe"
+
+    def probes(windows: range) -> list[int]:
+        found = []
+        for index in windows:
+            probe = rules.propose(current, copying, index)
+            if probe is not None:
+                assert probe.kind == "speculation_probe" and probe.raw_gain > 1.10
+                assert f"predicts {probe.raw_gain:.3f}x" in probe.reason
+                rules.finished(probe, "reverted", None, index)      # speculation lost again
+                found.append(index)
+        return found
+
+    assert probes(range(1, 20)) == [1, 3, 7, 11, 15, 19]      # waits 2, 4, 4: at most 4 x reprobe_windows
+    rules.released(current)
+    assert probes(range(20, 22)) == [20]
 
 
 def test_a_probe_of_plain_decoding_covers_every_larger_batch_size_measured_or_not():
