@@ -36,6 +36,7 @@ class RuleState:
     k_schedule: DraftLenSchedule | None = None           # ... and the k by batch size it last ran with
     band_k: dict[int, int] = field(default_factory=dict)   # band -> the k it drafted when plain decoding was probed
     unavailable: set[str] = field(default_factory=set)   # drafters the engine refused (e.g. no draft model)
+    tried_blind: set[str] = field(default_factory=set)   # drafters whose try never measured before ended measured
 
 
 class RulePolicy:
@@ -56,6 +57,8 @@ class RulePolicy:
     def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int) -> None:
         if outcome == "failed" and proposal.kind == "spec_method":
             self.state.unavailable.add(proposal.config.spec_method)
+        if proposal.kind == "spec_method" and proposal.raw_gain is None and outcome not in ("failed", UNMEASURED):
+            self.state.tried_blind.add(proposal.config.spec_method)
         if outcome != "kept":
             self.state.rejected[(proposal.kind, _value(proposal))] = window_index
         if proposal.kind in PROBES and outcome != UNMEASURED:
@@ -70,6 +73,7 @@ class RulePolicy:
         """An operator's pin ended: probe the other speculation mode at the next window rather than after
         reprobe_windows (a pin that turned speculation off should not keep it off once lifted)."""
         self.state.last_mode_probe = -self.policy.speculation.reprobe_windows
+        self.state.tried_blind.clear()
         for lost in self.state.probes_lost.values():
             lost.clear()
         for probe in [key for key in self.state.rejected if key[0] == "speculation_probe"]:
@@ -251,9 +255,12 @@ class RulePolicy:
         each light band: tried again at 2 sequences after losing 12x at 1, it was cut short for breaking the SLO, and
         the informed switch (_drafter) takes over where both models measured. Not under heavy load: a drafter that
         loses there slows every running sequence (tried blind at 16 sequences, it halved a 20 s phase's goodput), and
-        speculation pays least there anyway."""
+        speculation pays least there anyway. Once a try measured it (the judge's verdict, whatever it was), not again
+        until a pin is released, even if its short trial left its model unready: tried again at each return of light
+        load, it ran at 0.03-0.10x for 3-4 s of a 30 s copy phase, twice in one pass."""
         other, band = self._other_drafter(current), _band(baseline)
-        if other is None or band > LIGHT_BAND or any(self._model(other).ready(b) for b in range(LIGHT_BAND + 1)):
+        if other is None or other in self.state.tried_blind or band > LIGHT_BAND \
+                or any(self._model(other).ready(b) for b in range(LIGHT_BAND + 1)):
             return None
         last = self.state.last_drafter_probe
         if last is not None and index - last < self.policy.speculation.reprobe_windows:

@@ -11,6 +11,7 @@ from controller.calibration import MEMORY, PRIOR_SHRINK, PRIOR_TRIALS, Calibrati
 from controller.counters import PrometheusCounters
 from controller.rule_policy import RulePolicy
 from controller.schedule import band_batch_sizes, learned, with_bands
+from controller.strategy import UNMEASURED
 from policies import parse_policy
 from seam import EngineConfig, LatencySummary, Window
 
@@ -185,6 +186,26 @@ def test_a_drafter_never_measured_is_tried_at_the_first_light_window_before_k_is
     code = _window("ngram", 4, batch=2, seconds_per_step=0.012, accepted=0.6)
     rules.observe(code)
     assert rules.propose(current, code, 9).kind != "spec_method"           # not tried again at the next light band
+
+
+def test_a_drafter_tried_blind_is_not_tried_blind_again_even_if_its_model_is_still_unready_until_a_pin_ends():
+    rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1000}, "trial": {"retry_windows": 1}}))
+    rules.state.last_mode_probe = 10**6
+    current = EngineConfig(spec_method="ngram", draft_len=4)
+    copying = _window("ngram", 4, batch=1, seconds_per_step=0.01, accepted=0.95)
+    rules.observe(copying)
+    tried = rules.propose(current, copying, 1)
+    assert tried.kind == "spec_method" and tried.raw_gain is None
+    rules.finished(tried, UNMEASURED, None, 1)                     # the load left first: it may be tried again
+    rules.state.last_drafter_probe = -1000
+    assert rules.propose(current, copying, 2).kind == "spec_method"
+    rules.finished(tried, "futile", None, 2)                       # measured losing; its model not ready (no window)
+    rules.state.last_drafter_probe = -1000
+    assert not rules.state.models["draft_model"].ready(0)
+    assert all(p is None or p.kind != "spec_method" for p in (rules.propose(current, copying, i) for i in (3, 50)))
+    rules.released(current)
+    rules.state.last_mode_probe = 10**6
+    assert rules.propose(current, copying, 51).kind == "spec_method"
 
 
 def test_k_for_the_band_the_load_is_in_leaves_the_learned_band_alone():
