@@ -51,7 +51,7 @@ class Calibration:
         """raw ^ beta, beta: the median measured shrink of the trials of kind's what-if (at band, if one is given),
         pulled toward the prior by PRIOR_TRIALS."""
         with self._lock:
-            informative = [c for c in self._checks if _what_if(c.kind) == _what_if(kind)
+            informative = [c for c in self._checks if _checked_as(c.kind) == _checked_as(kind)
                            and abs(math.log(c.raw)) >= MIN_LOG_GAIN
                            and (band is None or c.band == band)]
         return raw ** _pulled(PRIOR_SHRINK, informative[-MEMORY:])
@@ -74,7 +74,7 @@ class Calibration:
                 **{f"raw_{name}": value for name, value in _errors(checks, "raw").items()}}
 
 
-def _what_if(kind: str) -> str:
+def _checked_as(kind: str) -> str:
     """The what-if a kind of trial checks: a probe of the other speculation mode is a draft_len change (k to or from
     0)."""
     return "draft_len" if kind in PROBES else kind
