@@ -13,10 +13,15 @@ A step costs overhead + target(k) + draft(k) seconds. Costs are measured per bat
 step's batch size: a Window carries each band's steps apart) and per k, because verification costs more as k and the
 batch grow. A cost is the lowest of the last few windows' figures: other work on the machine only ever adds time.
 With several k measured in a band: between and above them a line through them (slope >= 0). With one k0 measured
-there, or below the smallest k0 measured, the target's cost moves by the seconds per verified token (the Theil-Sen
-slope of target seconds per step on tokens verified per step, over recent windows of every band) times the tokens k
-adds or removes, batch x (D(k) - D(k0)) with D(k) = q_0 + ... + q_{k-1} drafted per sequence-step; the drafter's cost
-scales by D(k) / D(k0).
+there, or below the smallest k0 measured, the target's cost moves by the price of a verified draft token times the
+tokens k adds or removes, batch x (D(k) - D(k0)) with D(k) = q_0 + ... + q_{k-1} drafted per sequence-step; the
+drafter's cost scales by D(k) / D(k0). The price is the band's own where its decode steps tell it: the least-squares
+fit of their target seconds on their batch size and draft tokens (prompt lookup drafts on some steps and not others).
+It differs by band: measured on 2 cores with SmolLM2, 2.9 ms at 1 sequence and 1.0 ms at 16, and one price for all
+bands (the Theil-Sen slope of target seconds per step on tokens verified per step, over recent windows of every band)
+predicted 1.5-1.9x for k 4 -> 8 at 1 sequence of copying (1.3-1.5x measured) and 1.4-3.3x for plain decoding at 16
+sequences of prose (1.2-1.3x measured). That one price remains where a band's draft tokens do not vary apart from its
+batch size (a draft model drafts k for every sequence, or plain decoding none).
 Predicted tokens per busy second at k, relative to the current k: E(k) / E(k0) * cost(k0) / cost(k).
 """
 from __future__ import annotations
@@ -34,6 +39,9 @@ RECENT_WINDOWS = 5
 SLOPE_WINDOWS = 40       # recent windows the seconds per verified token is fitted on
 MIN_SLOPE_WINDOWS = 3
 MIN_TOKEN_SPREAD = 1.5   # ... once the most tokens verified per step is this many times the fewest
+MIN_FIT_STEPS = 30       # a band's price of a draft token is fitted on its decode steps once this many ran,
+MIN_DRAFT_SPREAD = 0.5   # ... their draft tokens varied by this standard deviation apart from their batch size,
+MAX_PRICE_ERROR = 0.25   # ... and its standard error is at most this share of it
 
 
 @dataclass
@@ -96,6 +104,27 @@ class _Band:
     draft: _Costs = field(default_factory=_Costs)
     overheads: deque = field(default_factory=lambda: deque(maxlen=RECENT_WINDOWS))
     batch: deque = field(default_factory=lambda: deque(maxlen=RECENT_WINDOWS))
+    decode_costs: deque = field(default_factory=lambda: deque(maxlen=SLOPE_WINDOWS))   # Window.decode_cost_sums
+
+    def price_per_draft_token(self) -> float | None:
+        """Target seconds per draft token verified, batch size held: the least-squares fit of decode steps' target
+        seconds s on their batch size b and draft tokens d, over the recent windows (the coefficient of d is the fit of
+        s on d once both are taken net of b). None until those steps are many enough, their draft tokens vary apart
+        from their batch size (a draft model's move with it alone), and the fit's standard error is small enough."""
+        sums = sum_arrays(list(self.decode_costs))
+        if not sums or sums[0] < MIN_FIT_STEPS:
+            return None
+        n, b, d, s, bb, bd, dd, bs, ds, ss = sums
+        on_batch = np.linalg.pinv(np.array([[n, b], [b, bb]]))     # pinv: steps all of one batch size are singular
+        d_net, s_net = np.array([d, bd]), np.array([s, bs])
+        d_spread = dd - d_net @ on_batch @ d_net                     # sum of squares of d net of b
+        if d_spread < n * MIN_DRAFT_SPREAD ** 2:
+            return None
+        price = (ds - d_net @ on_batch @ s_net) / d_spread
+        residual = max(ss - s_net @ on_batch @ s_net - price ** 2 * d_spread, 0.0) / (n - 3)
+        if price <= 0 or (residual / d_spread) ** 0.5 > MAX_PRICE_ERROR * price:
+            return None
+        return float(price)
 
     @property
     def overhead(self) -> float | None:
@@ -136,6 +165,8 @@ class GoodputModel:
         band.overheads.append((window.step_seconds - window.target_forward_seconds - window.draft_forward_seconds)
                               / window.steps)
         band.batch.append(window.batch_size_mean)
+        if window.decode_cost_sums:
+            band.decode_costs.append(window.decode_cost_sums)
         self.verified.append((window.batch_size_mean + window.drafted_tokens / window.steps,
                               window.target_forward_seconds / window.steps))
         drafted, accepted = list(window.drafted_per_position), list(window.accepted_per_position)
@@ -159,8 +190,8 @@ class GoodputModel:
 
     def predicts_plain(self, band: int) -> bool:
         """Can the model predict plain decoding's cost at band: measured there, or moved from a k measured there by the
-        seconds per verified token?"""
-        return self.measured_plain(band) or (self.ready(band) and self.seconds_per_verified_token() is not None)
+        price of a draft token?"""
+        return self.measured_plain(band) or (self.ready(band) and self.price_per_draft_token(band) is not None)
 
     def measured_ks(self, band: int) -> list[int]:
         return sorted(self.bands[band].draft.per_k) if band in self.bands else []
@@ -193,6 +224,12 @@ class GoodputModel:
             return None
         return max(float(stats.theilslopes(seconds, tokens).slope), 0.0)
 
+    def price_per_draft_token(self, band: int) -> float | None:
+        """The target's seconds per draft token verified at band: the band's own fit where its decode steps tell it,
+        else the seconds per verified token of every band's windows."""
+        own = self.bands[band].price_per_draft_token() if band in self.bands else None
+        return own if own is not None else self.seconds_per_verified_token()
+
     def predict(self, k: int, band: int) -> Prediction:
         costs = self.bands[band]
         target = costs.target.at(k, lambda k0, cost: self._target_moved(cost, k0, k, band))
@@ -201,9 +238,9 @@ class GoodputModel:
                           max(costs.overhead + target + draft, 1e-9))
 
     def _target_moved(self, cost: float, k0: int, k: int, band: int) -> float:
-        """The target's cost at k from its cost at k0: the verified tokens k adds (or removes), at the measured
-        seconds per verified token (unchanged while that is not measured yet)."""
-        per_token = self.seconds_per_verified_token()
+        """The target's cost at k from its cost at k0: the verified tokens k adds (or removes), at the price of a draft
+        token (unchanged while that is not measured yet)."""
+        per_token = self.price_per_draft_token(band)
         if per_token is None:
             return cost
         batch = float(np.mean(self.bands[band].batch))
@@ -223,11 +260,11 @@ class GoodputModel:
 
     def describe(self, band: int) -> dict:
         costs = self.bands.get(band, _Band())
-        per_token = self.seconds_per_verified_token()
+        per_token = self.price_per_draft_token(band)
         return {"survival": [round(s, 4) for s in self.survival(band)],
                 "drafting": [round(q, 4) for q in self.drafting(band)],
                 "batch_band": band,
-                "seconds_per_verified_token": None if per_token is None else round(per_token, 7),
+                "seconds_per_draft_token": None if per_token is None else round(per_token, 7),
                 "target_seconds_per_step": {k: round(v, 6) for k, v in sorted(costs.target.per_k.items())},
                 "draft_seconds_per_step": {k: round(v, 6) for k, v in sorted(costs.draft.per_k.items())},
                 "overhead_seconds_per_step": None if costs.overhead is None else round(costs.overhead, 6)}

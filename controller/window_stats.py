@@ -12,7 +12,7 @@ _SUMMED = {"steps", "num_drafts", "drafted_tokens", "accepted_tokens", "emitted_
            "all_to_all_seconds", "shadow_lookups"}
 _SUMMED_ARRAYS = {"drafted_per_position", "accepted_per_position", "expert_tokens", "dropped_per_layer",
                   "slot_tokens", "rank_tokens", "shadow_drafted_per_position", "shadow_accepted_per_position",
-                  "steps_per_batch_size"}
+                  "steps_per_batch_size", "decode_cost_sums"}
 _MAXED = {"batch_size_max", "queue_depth_max"}
 _STEP_WEIGHTED = {"batch_size_mean", "queue_depth_mean"}
 MIXED_VERSIONS = -1     # the config_version of a window whose parts served different configs

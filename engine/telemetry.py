@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from engine.placement import balancedness
-from seam import Block, EngineConfig, LatencySummary, Window, batch_band, median_batch_size
+from seam import Block, EngineConfig, LatencySummary, Window, batch_band, decode_cost_terms, median_batch_size
 
 MAX_SAMPLES = 50_000  # per window and distribution; an unread window keeps the latest ones
 READERS = ("default", "controller")     # windows kept from the start; other readers' from their first read
@@ -50,6 +50,7 @@ class _Accumulator:
     dropped_per_layer: torch.Tensor | None = None
     all_to_all_seconds: float = 0.0
     replacement_seconds: float = 0.0
+    decode_cost_sums: list[float] = field(default_factory=list)
     by_band: dict[int, _Accumulator] | None = field(default_factory=dict)    # None in a band's own accumulator
 
     def add_step(self, step: StepRecord) -> None:
@@ -66,6 +67,9 @@ class _Accumulator:
         self.draft_forward_seconds += step.draft_seconds
         self.num_drafts += step.num_drafts
         self.prefill_tokens += step.prefill_tokens
+        if not step.prefill_tokens:
+            _add_per_position(self.decode_cost_sums, decode_cost_terms(
+                step.batch_size, sum(step.drafted_per_position), step.target_seconds))
         _add_per_position(self.drafted_per_position, step.drafted_per_position)
         _add_per_position(self.accepted_per_position, step.accepted_per_position)
         if step.shadow_lookups:
@@ -117,6 +121,7 @@ class _Accumulator:
             **_balancedness_of(self.rank_tokens),
             all_to_all_seconds=self.all_to_all_seconds, capacity_factor=config.capacity_factor,
             replacement_seconds=self.replacement_seconds, steps_per_batch_size=steps_per_batch_size,
+            decode_cost_sums=list(self.decode_cost_sums) or None,
             by_band={band: acc.window(config) for band, acc in sorted(self.by_band.items())} if self.by_band else None,
             **extra)
 

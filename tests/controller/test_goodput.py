@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from controller.goodput import GoodputModel
-from seam import LatencySummary, Window, batch_band
+from seam import LatencySummary, Window, batch_band, decode_cost_terms
 
 EMPTY = LatencySummary.of([])
 FIXED, PER_TOKEN, PER_DRAFT, OVERHEAD = 0.020, 0.004, 0.001, 0.002     # seconds
@@ -113,3 +113,48 @@ def test_below_the_ks_measured_the_target_costs_the_tokens_it_no_longer_verifies
     assert model.measured_ks(band) == [4, 8] and not model.measured_plain(band)
     plain = model.predict(0, band).seconds_per_step
     assert plain == pytest.approx(FIXED + PER_TOKEN + OVERHEAD, rel=0.02)    # one token verified, nothing drafted
+
+
+def _looked_up(k: int, batch: int, price: float, drafting: float = 0.5, accepted: float = 0.8,
+               steps: int = 100) -> Window:
+    """steps decode steps of prompt lookup at k and batch: on a share `drafting` of the steps every sequence finds a
+    match and drafts k tokens, on the others none; a step's target costs FIXED + price per token it verifies."""
+    drafting_steps = round(steps * drafting)
+    window = _window(k, batch, drafting, accepted, steps)
+    per_step = [(batch, batch * k if i < drafting_steps else 0) for i in range(steps)]
+    costs = [FIXED + price * (b + d) for b, d in per_step]
+    sums = [sum(terms) for terms in zip(*(decode_cost_terms(b, d, s) for (b, d), s in zip(per_step, costs)))]
+    return dataclasses.replace(window, target_forward_seconds=sum(costs), decode_cost_sums=sums,
+                               step_seconds=sum(costs) + window.draft_forward_seconds + steps * OVERHEAD)
+
+
+def _truth(k: int, batch: int, price: float, drafting: float = 0.5, accepted: float = 0.8) -> float:
+    tokens = 1 + drafting * sum(accepted ** (j + 1) for j in range(k))
+    return tokens / (FIXED + price * batch * (1 + drafting * k) + PER_DRAFT * batch * drafting * k + OVERHEAD)
+
+
+def test_each_band_prices_a_draft_token_from_its_own_decode_steps():
+    """A verified token costs more at 1 sequence than at 16 (the target's matrices are read once per step either
+    way): one price for both bands would over-predict a larger k at 1 sequence and plain decoding at 16."""
+    model = GoodputModel(shadowed=True)
+    light_price, heavy_price = 0.004, 0.0005
+    for _ in range(2):
+        model.observe(_looked_up(4, 1, light_price))
+        model.observe(_looked_up(4, 16, heavy_price))
+    light, heavy = batch_band(1), batch_band(16)
+    assert model.price_per_draft_token(light) == pytest.approx(light_price)
+    assert model.price_per_draft_token(heavy) == pytest.approx(heavy_price)
+    assert model.gain(8, 4, light) == pytest.approx(_truth(8, 1, light_price) / _truth(4, 1, light_price), rel=0.02)
+    assert model.gain(0, 4, heavy) == pytest.approx(_truth(0, 16, heavy_price) / _truth(4, 16, heavy_price),
+                                                    rel=0.02)
+
+
+def test_draft_tokens_that_move_only_with_the_batch_size_leave_the_price_to_every_bands_windows():
+    """A draft model drafts k for every sequence: within a band, tokens drafted per step tell nothing the batch size
+    does not, so the band's price is not fitted and the one fitted across bands' windows stands in."""
+    model = GoodputModel()
+    for batch in (1, 4, 16):
+        model.observe(_looked_up(4, batch, PER_TOKEN, drafting=1.0))
+    band = batch_band(16)
+    assert model.bands[band].price_per_draft_token() is None
+    assert model.price_per_draft_token(band) == model.seconds_per_verified_token() == pytest.approx(PER_TOKEN)

@@ -70,3 +70,21 @@ def test_the_bands_survive_json_and_merging():
     assert remote.by_band.keys() == {0, 2} and remote.by_band[2].steps == 2
     merged = merge_windows([remote, second])
     assert {band: w.steps for band, w in merged.by_band.items()} == {0: 4, 2: 7, 4: 1}
+
+
+def test_decode_steps_sum_their_cost_terms_per_band_and_prefills_are_left_out():
+    telemetry = Telemetry()
+    for batch, drafted, target, prefill in ((1, [1, 1], 0.03, 0), (1, [], 0.02, 0), (1, [], 0.50, 300), (4, [4], 0.05, 0)):
+        telemetry.record_step(StepRecord(batch_size=batch, queue_depth=0, step_seconds=target, target_seconds=target,
+                                         draft_seconds=0.0, drafted_per_position=drafted,
+                                         accepted_per_position=[0] * len(drafted), num_drafts=0,
+                                         prefill_tokens=prefill))
+    window = telemetry.snapshot(SCHEDULE)
+    #                    steps  Σb  Σd   Σs    Σb²  Σbd  Σd²  Σbs   Σds   Σs²
+    assert window.by_band[0].decode_cost_sums == pytest.approx([2, 2, 2, 0.05, 2, 2, 4, 0.05, 0.06, 0.0013])
+    assert window.by_band[2].decode_cost_sums == pytest.approx([1, 4, 4, 0.05, 16, 16, 16, 0.2, 0.2, 0.0025])
+    assert window.decode_cost_sums == pytest.approx([a + b for a, b in zip(window.by_band[0].decode_cost_sums,
+                                                                            window.by_band[2].decode_cost_sums)])
+    remote = window_from_dict(json.loads(json.dumps(window.to_dict())))
+    assert merge_windows([remote, window]).by_band[0].decode_cost_sums == pytest.approx(
+        [2 * x for x in window.by_band[0].decode_cost_sums])
