@@ -20,8 +20,9 @@ fit of their target seconds on their batch size and draft tokens (prompt lookup 
 It differs by band: measured on 2 cores with SmolLM2, 2.9 ms at 1 sequence and 1.0 ms at 16, and one price for all
 bands (the Theil-Sen slope of target seconds per step on tokens verified per step, over recent windows of every band)
 predicted 1.5-1.9x for k 4 -> 8 at 1 sequence of copying (1.3-1.5x measured) and 1.4-3.3x for plain decoding at 16
-sequences of prose (1.2-1.3x measured). That one price remains where a band's draft tokens do not vary apart from its
-batch size (a draft model drafts k for every sequence, or plain decoding none).
+sequences of prose (1.2-1.3x measured). A band without a fit of its own yet takes the power law of price on batch size
+through the bands with theirs; the one price stands in where no band has a fit (a draft model drafts k for every
+sequence, so its draft tokens do not vary apart from the batch size; plain decoding drafts none).
 Predicted tokens per busy second at k, relative to the current k: E(k) / E(k0) * cost(k0) / cost(k).
 """
 from __future__ import annotations
@@ -225,10 +226,26 @@ class GoodputModel:
         return max(float(stats.theilslopes(seconds, tokens).slope), 0.0)
 
     def price_per_draft_token(self, band: int) -> float | None:
-        """The target's seconds per draft token verified at band: the band's own fit where its decode steps tell it,
-        else the seconds per verified token of every band's windows."""
-        own = self.bands[band].price_per_draft_token() if band in self.bands else None
-        return own if own is not None else self.seconds_per_verified_token()
+        """The target's seconds per draft token verified at band: the band's own fit where its decode steps tell it;
+        else, from the bands whose own fits are known, the power law of price on batch size through them (the one
+        band's price if one); else the seconds per verified token of every band's windows. In the controller bench
+        a probe of plain decoding 5 s into 16 sequences of prose, before 30 decode steps had run there, took that
+        last price (set by 1 sequence of copying) and predicted 4.0x; it measured 1.26x."""
+        prices = {b: price for b, costs in self.bands.items() if (price := costs.price_per_draft_token()) is not None}
+        if band in prices:
+            return prices[band]
+        if not prices:
+            return self.seconds_per_verified_token()
+        if len(prices) == 1:
+            return next(iter(prices.values()))
+        log_batch = {b: np.log(self._batch(b)) for b in prices}
+        slope, intercept = np.polyfit([log_batch[b] for b in prices], np.log(list(prices.values())), 1)
+        return float(np.exp(intercept + slope * np.log(self._batch(band))))
+
+    def _batch(self, band: int) -> float:
+        """The mean batch size of band's recent windows (the band's middle if none)."""
+        batch = self.bands[band].batch if band in self.bands else ()
+        return float(np.mean(batch)) if batch else 2.0 ** band
 
     def predict(self, k: int, band: int) -> Prediction:
         costs = self.bands[band]
@@ -243,8 +260,8 @@ class GoodputModel:
         per_token = self.price_per_draft_token(band)
         if per_token is None:
             return cost
-        batch = float(np.mean(self.bands[band].batch))
-        return max(cost + per_token * batch * (self.drafted_tokens(k, band) - self.drafted_tokens(k0, band)), 0.0)
+        added = self.drafted_tokens(k, band) - self.drafted_tokens(k0, band)
+        return max(cost + per_token * self._batch(band) * added, 0.0)
 
     def _draft_scaled(self, cost: float, k0: int, k: int, band: int) -> float:
         """The drafter's cost at k from its cost at k0: in proportion to the positions drafted."""

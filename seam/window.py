@@ -135,7 +135,8 @@ class Window:
     shadow_accepted_per_position: list[int] | None = None
     steps_per_batch_size: list[int] | None = None         # [n]: steps that ran n sequences
     # the steps that ran no prefill, as the sums a least-squares fit of a step's target seconds s on its batch size b
-    # and the draft tokens d it verified needs: [steps, Σb, Σd, Σs, Σb², Σbd, Σd², Σbs, Σds, Σs²] (decode_cost_terms)
+    # and the draft tokens d it verified needs: [steps, Σb, Σd, Σs, Σb², Σbd, Σd², Σbs, Σds, Σs²]
+    # (decode_cost_terms)
     decode_cost_sums: list[float] | None = None
     # while an Experiment runs: the blocks completed in this window, and what each arm measured
     blocks: list[Block] | None = None

@@ -116,13 +116,14 @@ def test_below_the_ks_measured_the_target_costs_the_tokens_it_no_longer_verifies
 
 
 def _looked_up(k: int, batch: int, price: float, drafting: float = 0.5, accepted: float = 0.8,
-               steps: int = 100) -> Window:
+               steps: int = 100, per_sequence: float = 0.0) -> Window:
     """steps decode steps of prompt lookup at k and batch: on a share `drafting` of the steps every sequence finds a
-    match and drafts k tokens, on the others none; a step's target costs FIXED + price per token it verifies."""
+    match and drafts k tokens, on the others none; a step's target costs FIXED + price per token it verifies (+
+    per_sequence per sequence: attention over its context)."""
     drafting_steps = round(steps * drafting)
     window = _window(k, batch, drafting, accepted, steps)
     per_step = [(batch, batch * k if i < drafting_steps else 0) for i in range(steps)]
-    costs = [FIXED + price * (b + d) for b, d in per_step]
+    costs = [FIXED + per_sequence * b + price * (b + d) for b, d in per_step]
     sums = [sum(terms) for terms in zip(*(decode_cost_terms(b, d, s) for (b, d), s in zip(per_step, costs)))]
     return dataclasses.replace(window, target_forward_seconds=sum(costs), decode_cost_sums=sums,
                                step_seconds=sum(costs) + window.draft_forward_seconds + steps * OVERHEAD)
@@ -158,3 +159,17 @@ def test_draft_tokens_that_move_only_with_the_batch_size_leave_the_price_to_ever
     band = batch_band(16)
     assert model.bands[band].price_per_draft_token() is None
     assert model.price_per_draft_token(band) == model.seconds_per_verified_token() == pytest.approx(PER_TOKEN)
+
+
+def test_a_band_without_a_fit_of_its_own_takes_the_power_law_through_the_bands_with_theirs():
+    """16 sequences of prose just started (too few decode steps to fit there): the price at 1 and 4 sequences sets
+    it, not the price over every band's windows (which a sequence's own cost, apart from its tokens, inflates)."""
+    model = GoodputModel(shadowed=True)
+    for _ in range(2):
+        model.observe(_looked_up(4, 1, 0.004, per_sequence=0.01))
+        model.observe(_looked_up(4, 4, 0.002, per_sequence=0.01))
+    model.observe(_looked_up(4, 16, 0.001, steps=10, per_sequence=0.01))
+    heavy = batch_band(16)
+    assert model.bands[heavy].price_per_draft_token() is None
+    assert model.price_per_draft_token(heavy) == pytest.approx(0.001)          # 0.004 x (16 / 1) ^ -0.5
+    assert model.seconds_per_verified_token() > 0.003

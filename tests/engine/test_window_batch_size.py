@@ -74,7 +74,8 @@ def test_the_bands_survive_json_and_merging():
 
 def test_decode_steps_sum_their_cost_terms_per_band_and_prefills_are_left_out():
     telemetry = Telemetry()
-    for batch, drafted, target, prefill in ((1, [1, 1], 0.03, 0), (1, [], 0.02, 0), (1, [], 0.50, 300), (4, [4], 0.05, 0)):
+    steps = ((1, [1, 1], 0.03, 0), (1, [], 0.02, 0), (1, [], 0.50, 300), (4, [4], 0.05, 0))
+    for batch, drafted, target, prefill in steps:
         telemetry.record_step(StepRecord(batch_size=batch, queue_depth=0, step_seconds=target, target_seconds=target,
                                          draft_seconds=0.0, drafted_per_position=drafted,
                                          accepted_per_position=[0] * len(drafted), num_drafts=0,
