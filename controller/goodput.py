@@ -37,7 +37,7 @@ from controller.window_stats import sum_arrays
 from seam import Window, batch_band
 
 RECENT_WINDOWS = 5
-SLOPE_WINDOWS = 40       # recent windows the seconds per verified token is fitted on
+SLOPE_WINDOWS = 40       # recent windows a price of a verified token is fitted on
 MIN_SLOPE_WINDOWS = 3
 MIN_TOKEN_SPREAD = 1.5   # ... once the most tokens verified per step is this many times the fewest
 MIN_FIT_STEPS = 30       # a band's price of a draft token is fitted on its decode steps once this many ran,
@@ -238,8 +238,7 @@ class GoodputModel:
             return self.seconds_per_verified_token()
         if len(prices) == 1:
             return next(iter(prices.values()))
-        log_batch = {b: np.log(self._batch(b)) for b in prices}
-        slope, intercept = np.polyfit([log_batch[b] for b in prices], np.log(list(prices.values())), 1)
+        slope, intercept = np.polyfit([np.log(self._batch(b)) for b in prices], np.log(list(prices.values())), 1)
         return float(np.exp(intercept + slope * np.log(self._batch(band))))
 
     def _batch(self, band: int) -> float:

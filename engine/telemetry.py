@@ -201,7 +201,7 @@ class StepRecord:
     balancedness_per_layer: list[float | None] | None = None
 
 
-def _add_per_position(totals: list[int], counts: list[int]) -> None:
+def _add_per_position(totals: list[float], counts: list[float]) -> None:
     totals.extend([0] * (len(counts) - len(totals)))
     for i, c in enumerate(counts):
         totals[i] += c

@@ -135,8 +135,8 @@ def _truth(k: int, batch: int, price: float, drafting: float = 0.5, accepted: fl
 
 
 def test_each_band_prices_a_draft_token_from_its_own_decode_steps():
-    """A verified token costs more at 1 sequence than at 16 (the target's matrices are read once per step either
-    way): one price for both bands would over-predict a larger k at 1 sequence and plain decoding at 16."""
+    """A verified token costs more at 1 sequence than at 16 (2.9 ms and 1.0 ms with SmolLM2 on 2 cores): one price
+    for both bands would over-predict a larger k at 1 sequence and plain decoding at 16."""
     model = GoodputModel(shadowed=True)
     light_price, heavy_price = 0.004, 0.0005
     for _ in range(2):
