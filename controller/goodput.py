@@ -107,7 +107,7 @@ class _Band:
     batch: deque = field(default_factory=lambda: deque(maxlen=RECENT_WINDOWS))
     decode_costs: deque = field(default_factory=lambda: deque(maxlen=SLOPE_WINDOWS))   # Window.decode_cost_sums
 
-    def price_per_draft_token(self) -> float | None:
+    def fitted_price(self) -> float | None:
         """Target seconds per draft token verified, batch size held: the least-squares fit of decode steps' target
         seconds s on their batch size b and draft tokens d, over the recent windows (the coefficient of d is the fit of
         s on d once both are taken net of b). None until those steps are many enough, their draft tokens vary apart
@@ -231,7 +231,7 @@ class GoodputModel:
         band's price if one); else the seconds per verified token of every band's windows. In the controller bench
         a probe of plain decoding 5 s into 16 sequences of prose, before 30 decode steps had run there, took that
         last price (set by 1 sequence of copying) and predicted 4.0x; it measured 1.26x."""
-        prices = {b: price for b, costs in self.bands.items() if (price := costs.price_per_draft_token()) is not None}
+        prices = {b: price for b, costs in self.bands.items() if (price := costs.fitted_price()) is not None}
         if band in prices:
             return prices[band]
         if not prices:

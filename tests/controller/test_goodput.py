@@ -157,7 +157,7 @@ def test_draft_tokens_that_move_only_with_the_batch_size_leave_the_price_to_ever
     for batch in (1, 4, 16):
         model.observe(_looked_up(4, batch, PER_TOKEN, drafting=1.0))
     band = batch_band(16)
-    assert model.bands[band].price_per_draft_token() is None
+    assert model.bands[band].fitted_price() is None
     assert model.price_per_draft_token(band) == model.seconds_per_verified_token() == pytest.approx(PER_TOKEN)
 
 
@@ -170,6 +170,6 @@ def test_a_band_without_a_fit_of_its_own_takes_the_power_law_through_the_bands_w
         model.observe(_looked_up(4, 4, 0.002, per_sequence=0.01))
     model.observe(_looked_up(4, 16, 0.001, steps=10, per_sequence=0.01))
     heavy = batch_band(16)
-    assert model.bands[heavy].price_per_draft_token() is None
+    assert model.bands[heavy].fitted_price() is None
     assert model.price_per_draft_token(heavy) == pytest.approx(0.001)          # 0.004 x (16 / 1) ^ -0.5
     assert model.seconds_per_verified_token() > 0.003
