@@ -36,7 +36,7 @@ class RuleState:
     k_schedule: DraftLenSchedule | None = None           # ... and the k by batch size it last ran with
     band_k: dict[int, int] = field(default_factory=dict)   # band -> the k it drafted when plain decoding was probed
     unavailable: set[str] = field(default_factory=set)   # drafters the engine refused (e.g. no draft model)
-    tried_blind: set[str] = field(default_factory=set)   # drafters tried never measured, whose try the judge measured
+    tried_blind: set[str] = field(default_factory=set)   # drafters tried before their model was ready, once judged
 
 
 class RulePolicy:
