@@ -67,12 +67,13 @@ def shadow_lookups(seq: Sequence, length: int, min_n: int, max_n: int) -> list[t
     """Prompt lookup run in the shadow of the decoding in use, as speculation at k = length would have run over the
     tokens generated: draft length tokens, count those the generated tokens match up to the first that does not, and
     draft next after them and the token that followed (as verification's bonus token). Returns (drafted, accepted) for
-    each shadow draft that length generated tokens now follow; the next call goes on from there (after steps that
-    were not shadowed, from length tokens back). A deterministic draft token is accepted with the sampling
-    distribution's probability of it, the probability with which plain decoding generates it, and a rejected draft's
-    replacement is drawn as plain decoding draws that token: the shadow measures the acceptance prompt lookup would
-    have had, at the cost of a lookup and no verification."""
-    at = max(seq.shadow_at, len(seq.prompt_ids) + 1, len(seq.tokens) - length - 1)
+    each shadow draft that length generated tokens now follow; the next call goes on from there, however many tokens
+    a step added (where seq.shadow_at is 0, the shadow starts afresh length tokens back: starting there after every
+    step of speculation that added 3 or more tokens, it broke the drafts' tiling of the text). A deterministic draft
+    token is accepted with the sampling distribution's probability of it, the probability with which plain decoding
+    generates it, and a rejected draft's replacement is drawn as plain decoding draws that token: the shadow measures
+    the acceptance prompt lookup would have had, at the cost of a lookup and no verification."""
+    at = seq.shadow_at or max(len(seq.prompt_ids) + 1, len(seq.tokens) - length - 1)
     if at + length > len(seq.tokens):
         return []
     history = np.asarray(seq.tokens)

@@ -205,7 +205,7 @@ class Engine:
             if item.proposed:
                 self.drafter.accepted(seq, drafted_from, item.accepted)
             emissions.append(self._deliver(seq, item.proposed[:item.accepted] + [item.next_token], now))
-        shadows = self._shadow_lookups(sampling, draft_len)
+        shadows = self._shadow_lookups(sampling)
         self.telemetry.record_step(self._step_record(plan, drafting, shadows, queue_depth,
                                                      time.perf_counter() - started, target_seconds, draft_seconds,
                                                      expert_counts))
@@ -338,14 +338,16 @@ class Engine:
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
-    def _shadow_lookups(self, sampling: list[Scheduled], draft_len: int) -> list[tuple[int, int]]:
+    def _shadow_lookups(self, sampling: list[Scheduled]) -> list[tuple[int, int]]:
         """(drafted, accepted) of each shadow draft of prompt lookup that the sequences resolved, in the steps whose
-        windows prompt lookup's model learns from: plain decoding's shadow measures the acceptance speculation would
-        have, the shadow of prompt lookup at a shorter k the positions it does not draft (the controller bench's k 4 ->
-        8 trials had predicted 1.23-1.40x from positions 5-8 extrapolated, and measured 1.46-1.62x). None beside the
-        draft model (prompt lookup's model does not read its windows) or prompt lookup drafting SHADOW_DRAFT_LEN."""
-        method = self.config.spec_method
-        if not (method == "off" or method == "ngram" and draft_len < SHADOW_DRAFT_LEN):
+        windows prompt lookup's model learns from (plain decoding's and its own, at any k): its acceptance at every k
+        up to SHADOW_DRAFT_LEN, from one kind of count (the controller bench's k 4 -> 8 trials had predicted
+        1.23-1.40x from positions 5-8 extrapolated, and measured 1.46-1.62x). None beside the draft model (prompt
+        lookup's model does not read its windows), and a sequence stepped there starts its shadow afresh when next
+        shadowed (rather than from where it broke off, many tokens back)."""
+        if self.config.spec_method not in ("off", "ngram"):
+            for item in sampling:
+                item.seq.shadow_at = 0
             return []
         return [shadow for item in sampling for shadow in shadow_lookups(
             item.seq, SHADOW_DRAFT_LEN, self.config.ngram_min, self.config.ngram_max)]

@@ -19,7 +19,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0          # leading tokens whose target K/V is cached
     draft_computed: int = 0        # leading tokens whose draft K/V is cached
-    shadow_at: int = 0             # where prompt lookup drafts next in the shadow of the decoding in use
+    shadow_at: int = 0             # where prompt lookup drafts next in the shadow of the decoding in use (0: afresh)
     text: str = ""                 # detokenized output, cut at a stop string
     emitted_chars: int = 0
     finish_reason: str | None = None
