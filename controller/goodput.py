@@ -6,27 +6,33 @@ matches) and s_j the share of those drafts accepted through position j. Position
 geometrically from the last measured ratio. Both are counted per batch-size band: what the traffic asks for moves
 with its load (a few long edits at once, many chats at once), and one acceptance for all bands proposed a larger k
 for 16 sequences of prose from the copying measured at 6 sequences a few seconds before (1.07-1.12x predicted,
-0.94-0.98x measured in the controller bench). Prompt lookup's model also counts the lookups the engine makes in
-the shadow of the decoding in use (what k 8 would have drafted, against the tokens then generated), so its acceptance
-follows the traffic while no draft is verified, and is measured at the positions a shorter k does not draft.
-A step costs overhead + target(k) + draft(k) seconds. Costs are measured per batch-size band (powers of two of each
-step's batch size: a Window carries each band's steps apart) and per k, because verification costs more as k and the
-batch grow. A cost is the lowest of the last few windows' figures: other work on the machine only ever adds time.
+0.94-0.98x measured in the controller bench). Prompt lookup's model counts instead the lookups the engine makes in
+the shadow of the decoding in use, plain decoding's or its own at any k (what k 8 would have drafted, against the
+tokens then generated): its acceptance follows the traffic while no draft is verified, at every k up to 8 from one
+kind of count, read as the drafts' tiling of the text (see _per_sequence_step).
+A step costs verify(k) + draft(k) seconds: draft is its drafter's, verify all the rest (the target's forward, and
+sampling the tokens it verifies: at 16 sequences of sampled prose, 13 ms a step besides the forward at k 4, 5 ms at
+plain decoding). Both are measured on decode steps alone, as the judge's samples are: a prefill costs the same under
+any config, and its seconds diluted every predicted gain (26-40 % of the steps' time at 6 sequences of the mixed
+phase). Costs are measured per batch-size band (powers of two of each step's batch size: a Window carries each band's
+steps apart) and per k, because verification costs more as k and the batch grow. A cost is the median of the last few
+windows' figures (their lowest, the window that drafted least, put k 4 at 2 sequences of code 8 % below its mean).
 With several k measured in a band: between and above them a line through them (slope >= 0). With one k0 measured
-there, or below the smallest k0 measured, the target's cost moves by the price of a verified draft token times the
-tokens k adds or removes, batch x (D(k) - D(k0)) with D(k) = q_0 + ... + q_{k-1} drafted per sequence-step; the
-drafter's cost scales by D(k) / D(k0). The price is the band's own where its decode steps tell it: the least-squares
-fit of their target seconds on their batch size and draft tokens (prompt lookup drafts on some steps and not others).
-It differs by band: measured on 2 cores with SmolLM2, 2.9 ms at 1 sequence and 1.0 ms at 16, and one price for all
-bands (the Theil-Sen slope of target seconds per step on tokens verified per step, over recent windows of every band)
-predicted 1.5-1.9x for k 4 -> 8 at 1 sequence of copying (1.3-1.5x measured) and 1.4-3.3x for plain decoding at 16
-sequences of prose (1.2-1.3x measured). A band without a fit of its own yet takes the power law of price on batch size
-through the bands with theirs; the one price stands in where no band has a fit (a draft model drafts k for every
-sequence, so its draft tokens do not vary apart from the batch size; plain decoding drafts none).
+there, or below the smallest k0 measured, the verify cost moves by the price of a verified draft token times the
+tokens k adds or removes, batch x (D(k) - D(k0)) with D(k) the tokens drafted per sequence-step; the drafter's cost
+scales by D(k) / D(k0). The price is the band's own where its decode steps tell it: the least-squares fit of their
+verify seconds on their batch size and draft tokens (prompt lookup drafts on some steps and not others). It differs
+by band: measured on 2 cores with SmolLM2, 2.9 ms at 1 sequence and 1.0 ms at 16, and one price for all bands (the
+Theil-Sen slope of verify seconds per step on tokens verified per step, over recent windows of every band) predicted
+1.5-1.9x for k 4 -> 8 at 1 sequence of copying (1.3-1.5x measured) and 1.4-3.3x for plain decoding at 16 sequences
+of prose (1.2-1.3x measured). A band without a fit of its own yet takes the power law of price on batch size through
+the bands with theirs; the one price stands in where no band has a fit (a draft model drafts k for every sequence, so
+its draft tokens do not vary apart from the batch size; plain decoding drafts none).
 Predicted tokens per busy second at k, relative to the current k: E(k) / E(k0) * cost(k0) / cost(k).
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -47,7 +53,7 @@ MAX_PRICE_ERROR = 0.25   # ... and its standard error is at most this share of i
 
 @dataclass
 class _Costs:
-    """Measured seconds per step at each k: the lowest of the last RECENT_WINDOWS windows at that k."""
+    """Measured seconds per decode step at each k: the median of the last RECENT_WINDOWS windows at that k."""
     recent: dict[int, deque] = field(default_factory=dict)
 
     def observe(self, k: int, seconds: float) -> None:
@@ -55,7 +61,7 @@ class _Costs:
 
     @property
     def per_k(self) -> dict[int, float]:
-        return {k: min(values) for k, values in self.recent.items()}
+        return {k: float(np.median(values)) for k, values in self.recent.items()}
 
     def at(self, k: int, one_point=None) -> float | None:
         """The cost at k: measured, on the line through the k measured, or (one k measured, or k below those
@@ -94,6 +100,11 @@ class _Acceptance:
     def survival(self) -> list[float]:
         return [a / d for d, a in zip(self.drafted, self.accepted) if d > 0]
 
+    def reached(self) -> list[float]:
+        """Per position j: the share of drafts that matched more than j tokens (never rising with j)."""
+        shares = [min(a / e, 1.0) for d, a, e in zip(self.drafted, self.accepted, self.eligible) if d > 0]
+        return np.minimum.accumulate(shares).tolist() if shares else []
+
     def drafting(self) -> list[float]:
         return [min(d / e, 1.0) for d, e in zip(self.drafted, self.eligible) if d > 0]
 
@@ -101,21 +112,20 @@ class _Acceptance:
 @dataclass
 class _Band:
     acceptance: _Acceptance = field(default_factory=_Acceptance)
-    target: _Costs = field(default_factory=_Costs)
+    verify: _Costs = field(default_factory=_Costs)
     draft: _Costs = field(default_factory=_Costs)
-    overheads: deque = field(default_factory=lambda: deque(maxlen=RECENT_WINDOWS))
     batch: deque = field(default_factory=lambda: deque(maxlen=RECENT_WINDOWS))
     decode_costs: deque = field(default_factory=lambda: deque(maxlen=SLOPE_WINDOWS))   # Window.decode_cost_sums
 
     def fitted_price(self) -> float | None:
-        """Target seconds per draft token verified, batch size held: the least-squares fit of decode steps' target
+        """Verify seconds per draft token verified, batch size held: the least-squares fit of decode steps' verify
         seconds s on their batch size b and draft tokens d, over the recent windows (the coefficient of d is the fit of
         s on d once both are taken net of b). None until those steps are many enough, their draft tokens vary apart
         from their batch size (a draft model's move with it alone), and the fit's standard error is small enough."""
         sums = sum_arrays(list(self.decode_costs))
         if not sums or sums[0] < MIN_FIT_STEPS:
             return None
-        n, b, d, s, bb, bd, dd, bs, ds, ss = sums
+        n, b, d, s, bb, bd, dd, bs, ds, ss = sums[:10]
         on_batch = np.linalg.pinv(np.array([[n, b], [b, bb]]))     # pinv: steps all of one batch size are singular
         d_net, s_net = np.array([d, bd]), np.array([s, bs])
         d_spread = dd - d_net @ on_batch @ d_net                     # sum of squares of d net of b
@@ -126,10 +136,6 @@ class _Band:
         if price <= 0 or (residual / d_spread) ** 0.5 > MAX_PRICE_ERROR * price:
             return None
         return float(price)
-
-    @property
-    def overhead(self) -> float | None:
-        return min(self.overheads, default=None)
 
 
 @dataclass
@@ -144,11 +150,13 @@ class Prediction:
 
 
 class GoodputModel:
-    def __init__(self, memory: float = 0.5, shadowed: bool = False):
-        self.memory = memory                 # weight of the newest window in a band's acceptance counts
+    def __init__(self, memory: float = 0.2, shadowed: bool = False):
+        self.memory = memory                 # each window decays a band's acceptance counts by (1 - memory): with
+        # 0.1-0.3, E(4) predicted the next three windows' within 8-10 % (median) over two passes of the controller
+        # bench's phases at k 4; with 0.5, within 11 % (a window of a few requests says little of the next ones)
         self.shadowed = shadowed             # prompt lookup's model: plain decoding's shadow lookups count as drafts
         self.bands: dict[int, _Band] = {}
-        self.verified: deque = deque(maxlen=SLOPE_WINDOWS)    # (tokens verified per step, target seconds per step)
+        self.verified: deque = deque(maxlen=SLOPE_WINDOWS)    # (tokens verified per step, verify seconds per step)
 
     def observe(self, window: Window) -> None:
         """Each batch band's steps teach that band: a window that spans a change in load (16 sequences of prose
@@ -160,34 +168,33 @@ class GoodputModel:
         if window.steps == 0:
             return
         k, band = window.draft_len, self.bands.setdefault(band_index, _Band())
-        band.target.observe(k, window.target_forward_seconds / window.steps)
-        if k > 0:
-            band.draft.observe(k, window.draft_forward_seconds / window.steps)
-        band.overheads.append((window.step_seconds - window.target_forward_seconds - window.draft_forward_seconds)
-                              / window.steps)
         band.batch.append(window.batch_size_mean)
-        if window.decode_cost_sums:
-            band.decode_costs.append(window.decode_cost_sums)
-        self.verified.append((window.batch_size_mean + window.drafted_tokens / window.steps,
-                              window.target_forward_seconds / window.steps))
-        drafted, accepted = list(window.drafted_per_position), list(window.accepted_per_position)
-        eligible = [window.batch_size_mean * window.steps] * max(k, len(drafted))
+        sums = window.decode_cost_sums
+        if sums and sums[0] > 0:
+            steps, batch, drafted, verify, draft = (sums[i] for i in (0, 1, 2, 3, 10))
+            band.verify.observe(k, verify / steps)
+            if k > 0:
+                band.draft.observe(k, draft / steps)
+            band.decode_costs.append(sums)
+            self.verified.append(((batch + drafted) / steps, verify / steps))
         if self.shadowed and window.shadow_lookups:
-            drafted, accepted, eligible = (sum_arrays([ours, theirs]) for ours, theirs in (
-                (drafted, window.shadow_drafted_per_position), (accepted, window.shadow_accepted_per_position),
-                (eligible, [window.shadow_lookups] * len(window.shadow_drafted_per_position))))
-        band.acceptance.add(drafted, accepted, eligible, self.memory)
+            drafted, accepted = window.shadow_drafted_per_position, window.shadow_accepted_per_position
+            eligible = [window.shadow_lookups] * len(drafted)
+        else:
+            drafted, accepted = window.drafted_per_position, window.accepted_per_position
+            eligible = [window.batch_size_mean * window.steps] * max(k, len(drafted))
+        band.acceptance.add(list(drafted), list(accepted), eligible, self.memory)
 
     def ready(self, band: int) -> bool:
         costs = self.bands.get(band)
-        return costs is not None and bool(costs.target.per_k) and bool(costs.draft.per_k) and bool(self.survival(band))
+        return costs is not None and bool(costs.verify.per_k) and bool(costs.draft.per_k) and bool(self.survival(band))
 
     def measured_bands(self) -> set[int]:
         return {band for band in self.bands if self.ready(band)}
 
     def measured_plain(self, band: int) -> bool:
-        """Has a window of plain decoding measured the target's cost at k = 0 in band?"""
-        return band in self.bands and 0 in self.bands[band].target.per_k
+        """Has a window of plain decoding measured the cost at k = 0 in band?"""
+        return band in self.bands and 0 in self.bands[band].verify.per_k
 
     def predicts_plain(self, band: int) -> bool:
         """Can the model predict plain decoding's cost at band: measured there, or moved from a k measured there by the
@@ -207,15 +214,34 @@ class GoodputModel:
         return self.bands[band].acceptance.drafting() if band in self.bands else []
 
     def expected_tokens(self, k: int, band: int) -> float:
-        """Tokens per sequence-step at k: 1 + sum over positions j < k of q_j s_j."""
-        return 1.0 + sum(q * s for q, s in zip(_extended(self.drafting(band), k), _extended(self.survival(band), k)))
+        """E(k): tokens per sequence-step at k."""
+        return self._per_sequence_step(k, band)[0]
 
     def drafted_tokens(self, k: int, band: int) -> float:
         """D(k): tokens drafted per sequence-step at k."""
-        return sum(_extended(self.drafting(band), k))
+        return self._per_sequence_step(k, band)[1]
+
+    def _per_sequence_step(self, k: int, band: int) -> tuple[float, float]:
+        """(E(k), D(k)): 1 + the sum over positions j < k of q_j s_j, and q_0 + ... + q_{k-1}, positions past those
+        measured extrapolated. Prompt lookup's below the positions its shadow measured: a lookup copies on from the
+        span it found, so a shadow draft that matched a tokens (and verification's one more) takes ceil((a + 1) /
+        (k + 1)) steps at k, each after the first drafting k. Counted per shadow draft instead, copying weighs as
+        much as prose that matches nothing, while it runs fewer steps (at k 4 in the controller bench's mixed phase:
+        1.43 tokens per sequence-step that way, 1.56 this way, 1.63-1.67 measured; over the same steps of copy,
+        code and prose, this way within 2 %)."""
+        drafting = self.drafting(band)
+        reached = self.bands[band].acceptance.reached() if band in self.bands else []
+        if not self.shadowed or k >= len(reached):
+            shares = _extended(drafting, k)
+            return 1.0 + sum(q * s for q, s in zip(shares, _extended(self.survival(band), k))), sum(shares)
+        ends = [1.0, *reached, 0.0]
+        matched = [ends[a] - ends[a + 1] for a in range(len(reached) + 1)]     # share of drafts matching a tokens
+        steps = sum(share * math.ceil((a + 1) / (k + 1)) for a, share in enumerate(matched))
+        tokens = sum(share * (a + 1) for a, share in enumerate(matched))
+        return tokens / steps, (sum(drafting[:k]) + k * (steps - 1)) / steps
 
     def seconds_per_verified_token(self) -> float | None:
-        """The target's marginal cost of one more token in a step, >= 0; None until recent windows verified
+        """The marginal verify cost of one more token in a step, >= 0; None until recent windows verified
         numbers of tokens per step far enough apart (a batch or a k that changed) for a slope to stand out of the
         noise."""
         if len(self.verified) < MIN_SLOPE_WINDOWS:
@@ -226,7 +252,7 @@ class GoodputModel:
         return max(float(stats.theilslopes(seconds, tokens).slope), 0.0)
 
     def price_per_draft_token(self, band: int) -> float | None:
-        """The target's seconds per draft token verified at band: the band's own fit where its decode steps tell it;
+        """The verify seconds per draft token verified at band: the band's own fit where its decode steps tell it;
         else, from the bands whose own fits are known, the power law of price on batch size through them (the one
         band's price if one); else the seconds per verified token of every band's windows. In the controller bench
         a probe of plain decoding 5 s into 16 sequences of prose, before 30 decode steps had run there, took that
@@ -248,13 +274,12 @@ class GoodputModel:
 
     def predict(self, k: int, band: int) -> Prediction:
         costs = self.bands[band]
-        target = costs.target.at(k, lambda k0, cost: self._target_moved(cost, k0, k, band))
+        verify = costs.verify.at(k, lambda k0, cost: self._verify_moved(cost, k0, k, band))
         draft = 0.0 if k == 0 else costs.draft.at(k, lambda k0, cost: self._draft_scaled(cost, k0, k, band))
-        return Prediction(k, self.expected_tokens(k, band) if k > 0 else 1.0,
-                          max(costs.overhead + target + draft, 1e-9))
+        return Prediction(k, self.expected_tokens(k, band) if k > 0 else 1.0, max(verify + draft, 1e-9))
 
-    def _target_moved(self, cost: float, k0: int, k: int, band: int) -> float:
-        """The target's cost at k from its cost at k0: the verified tokens k adds (or removes), at the price of a draft
+    def _verify_moved(self, cost: float, k0: int, k: int, band: int) -> float:
+        """The verify cost at k from its cost at k0: the verified tokens k adds (or removes), at the price of a draft
         token (unchanged while that is not measured yet)."""
         per_token = self.price_per_draft_token(band)
         if per_token is None:
@@ -281,9 +306,8 @@ class GoodputModel:
                 "drafting": [round(q, 4) for q in self.drafting(band)],
                 "batch_band": band,
                 "seconds_per_draft_token": None if per_token is None else round(per_token, 7),
-                "target_seconds_per_step": {k: round(v, 6) for k, v in sorted(costs.target.per_k.items())},
-                "draft_seconds_per_step": {k: round(v, 6) for k, v in sorted(costs.draft.per_k.items())},
-                "overhead_seconds_per_step": None if costs.overhead is None else round(costs.overhead, 6)}
+                "verify_seconds_per_step": {k: round(v, 6) for k, v in sorted(costs.verify.per_k.items())},
+                "draft_seconds_per_step": {k: round(v, 6) for k, v in sorted(costs.draft.per_k.items())}}
 
 
 def _extended(shares: list[float], k: int) -> list[float]:

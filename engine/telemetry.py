@@ -69,7 +69,8 @@ class _Accumulator:
         self.prefill_tokens += step.prefill_tokens
         if not step.prefill_tokens:
             _add_per_position(self.decode_cost_sums, decode_cost_terms(
-                step.batch_size, sum(step.drafted_per_position), step.target_seconds))
+                step.batch_size, sum(step.drafted_per_position), step.step_seconds - step.draft_seconds,
+                step.draft_seconds))
         _add_per_position(self.drafted_per_position, step.drafted_per_position)
         _add_per_position(self.accepted_per_position, step.accepted_per_position)
         if step.shadow_lookups:

@@ -70,10 +70,10 @@ class Block:
         return self.decode_sequences / self.decode_steps if self.decode_steps else None
 
 
-def decode_cost_terms(batch_size: int, draft_tokens: int, target_seconds: float) -> list[float]:
-    """One decode step's addends to Window.decode_cost_sums."""
-    b, d, s = float(batch_size), float(draft_tokens), target_seconds
-    return [1.0, b, d, s, b * b, b * d, d * d, b * s, d * s, s * s]
+def decode_cost_terms(batch_size: int, draft_tokens: int, verify_seconds: float, draft_seconds: float) -> list[float]:
+    """One decode step's addends to Window.decode_cost_sums; verify_seconds: the step's seconds but its drafter's."""
+    b, d, s = float(batch_size), float(draft_tokens), verify_seconds
+    return [1.0, b, d, s, b * b, b * d, d * d, b * s, d * s, s * s, draft_seconds]
 
 
 def batch_band(batch_size: float) -> int:
@@ -134,9 +134,10 @@ class Window:
     shadow_drafted_per_position: list[int] | None = None
     shadow_accepted_per_position: list[int] | None = None
     steps_per_batch_size: list[int] | None = None         # [n]: steps that ran n sequences
-    # the steps that ran no prefill, as the sums a least-squares fit of a step's target seconds s on its batch size b
-    # and the draft tokens d it verified needs: [steps, Σb, Σd, Σs, Σb², Σbd, Σd², Σbs, Σds, Σs²]
-    # (decode_cost_terms)
+    # the steps that ran no prefill (what the judge compares), as the sums a least-squares fit of a step's seconds but
+    # its drafter's (the target's forward and verifying: sampling a sequence's tokens costs more as it verifies more)
+    # s on its batch size b and the draft tokens d it verified needs, and the drafter's seconds: [steps, Σb, Σd, Σs,
+    # Σb², Σbd, Σd², Σbs, Σds, Σs², Σdraft seconds] (decode_cost_terms)
     decode_cost_sums: list[float] | None = None
     # while an Experiment runs: the blocks completed in this window, and what each arm measured
     blocks: list[Block] | None = None

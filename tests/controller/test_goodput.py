@@ -6,6 +6,7 @@ import pytest
 
 from controller.goodput import GoodputModel
 from seam import LatencySummary, Window, batch_band, decode_cost_terms
+from tests.controller.windows import decoding
 
 EMPTY = LatencySummary.of([])
 FIXED, PER_TOKEN, PER_DRAFT, OVERHEAD = 0.020, 0.004, 0.001, 0.002     # seconds
@@ -19,14 +20,14 @@ def _window(k: int, batch: int, drafting: float = 1.0, accepted: float = 0.8, st
     verified = batch + sum(drafted) / steps
     target = steps * (FIXED + PER_TOKEN * verified)
     draft = PER_DRAFT * sum(drafted)
-    return Window(
+    return decoding(Window(
         start=0.0, end=1.0, config_version=1, spec_method="ngram" if k else "off", draft_len=k, steps=steps,
         num_drafts=drafted[0] if k else 0, drafted_tokens=sum(drafted), accepted_tokens=sum(kept),
         drafted_per_position=drafted, accepted_per_position=kept, emitted_tokens=steps * batch + sum(kept),
         prefill_tokens=0, finished_requests=1, target_forward_seconds=target, draft_forward_seconds=draft,
         step_seconds=target + draft + steps * OVERHEAD, ttft_seconds=EMPTY, inter_token_seconds=EMPTY,
         e2e_seconds=EMPTY, batch_size_mean=float(batch), batch_size_max=batch, queue_depth_mean=0.0,
-        queue_depth_max=0, expert_tokens=None)
+        queue_depth_max=0, expert_tokens=None))
 
 
 def _true_tokens_per_second(k: int, batch: int, drafting: float, accepted: float) -> float:
@@ -123,10 +124,11 @@ def _looked_up(k: int, batch: int, price: float, drafting: float = 0.5, accepted
     drafting_steps = round(steps * drafting)
     window = _window(k, batch, drafting, accepted, steps)
     per_step = [(batch, batch * k if i < drafting_steps else 0) for i in range(steps)]
-    costs = [FIXED + per_sequence * b + price * (b + d) for b, d in per_step]
-    sums = [sum(terms) for terms in zip(*(decode_cost_terms(b, d, s) for (b, d), s in zip(per_step, costs)))]
-    return dataclasses.replace(window, target_forward_seconds=sum(costs), decode_cost_sums=sums,
-                               step_seconds=sum(costs) + window.draft_forward_seconds + steps * OVERHEAD)
+    costs = [(FIXED + per_sequence * b + price * (b + d), PER_DRAFT * d) for b, d in per_step]
+    sums = [sum(terms) for terms in zip(*(decode_cost_terms(b, d, target + OVERHEAD, draft)
+                                          for (b, d), (target, draft) in zip(per_step, costs)))]
+    return dataclasses.replace(window, target_forward_seconds=sums[3] - steps * OVERHEAD,
+                               draft_forward_seconds=sums[10], decode_cost_sums=sums, step_seconds=sums[3] + sums[10])
 
 
 def _truth(k: int, batch: int, price: float, drafting: float = 0.5, accepted: float = 0.8) -> float:

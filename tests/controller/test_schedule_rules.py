@@ -14,6 +14,7 @@ from controller.schedule import band_batch_sizes, learned, with_bands
 from controller.strategy import UNMEASURED
 from policies import parse_policy
 from seam import EngineConfig, LatencySummary, Window
+from tests.controller.windows import decoding
 
 EMPTY = LatencySummary.of([])
 QUIET = parse_policy({"speculation": {"reprobe_windows": 1000}})
@@ -114,14 +115,14 @@ def _window(method: str, k: int, batch: float, seconds_per_step: float, accepted
     seconds_per_step *= 1 + 0.15 * k * batch
     drafted = [steps * round(batch)] * k
     kept = [round(d * accepted ** (j + 1)) for j, d in enumerate(drafted)]
-    return Window(
+    return decoding(Window(
         start=0.0, end=1.0, config_version=1, spec_method=method, draft_len=k, steps=steps, num_drafts=sum(drafted[:1]),
         drafted_tokens=sum(drafted), accepted_tokens=sum(kept), drafted_per_position=drafted,
         accepted_per_position=kept, emitted_tokens=round(steps * batch * (1 + sum(kept) / max(sum(drafted[:1]), 1))),
         prefill_tokens=0, finished_requests=5, target_forward_seconds=steps * seconds_per_step * 0.8,
         draft_forward_seconds=steps * seconds_per_step * 0.1 * (k > 0), step_seconds=steps * seconds_per_step,
         ttft_seconds=EMPTY, inter_token_seconds=EMPTY, e2e_seconds=EMPTY, batch_size_mean=batch,
-        batch_size_max=round(batch), queue_depth_mean=0.0, queue_depth_max=0, expert_tokens=None)
+        batch_size_max=round(batch), queue_depth_mean=0.0, queue_depth_max=0, expert_tokens=None))
 
 
 def test_a_k_change_the_calibrated_model_no_longer_believes_is_not_proposed():
@@ -359,7 +360,7 @@ def test_a_probe_of_plain_decoding_is_left_out_where_the_model_measured_it_losin
     gain = rules.calibration.corrected("draft_len", rules.state.models["ngram"].gain(4, 0, 0))
     assert gain > 1.10                                       # k 4 beats plain by more than min_gain + hysteresis
     assert rules.propose(current, copying, 1) is None        # nothing to ask: no probe, k 4 is the model's best
-    for k in (2, 4):                                         # the content stops matching the prompt
+    for k in (2, 4) * 4:                                     # the content stops matching the prompt
         rules.observe(_window("ngram", k, batch=1, seconds_per_step=0.01, accepted=0.05))
     assert rules.calibration.corrected("draft_len", rules.state.models["ngram"].gain(4, 0, 0)) < 1.10
     probe = rules.propose(current, _window("ngram", 4, batch=1, seconds_per_step=0.01, accepted=0.05), 2)

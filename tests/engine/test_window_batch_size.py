@@ -59,8 +59,8 @@ def test_each_batch_bands_steps_are_a_window_of_their_own_and_teach_that_band_al
     model = GoodputModel()
     model.observe(window)
     assert set(model.bands) == {0, 2}
-    assert model.bands[0].target.per_k == {8: pytest.approx(0.08)} and model.bands[2].target.per_k == {
-        2: pytest.approx(0.08)}
+    assert model.bands[0].verify.per_k == {8: pytest.approx(0.09)} and model.bands[2].verify.per_k == {
+        2: pytest.approx(0.09)}                                   # a step's seconds but its drafter's
 
 
 def test_the_bands_survive_json_and_merging():
@@ -73,17 +73,18 @@ def test_the_bands_survive_json_and_merging():
 
 
 def test_decode_steps_sum_their_cost_terms_per_band_and_prefills_are_left_out():
+    """s is a step's seconds but its drafter's: the target's forward and sampling what it verified."""
     telemetry = Telemetry()
-    steps = ((1, [1, 1], 0.03, 0), (1, [], 0.02, 0), (1, [], 0.50, 300), (4, [4], 0.05, 0))
-    for batch, drafted, target, prefill in steps:
-        telemetry.record_step(StepRecord(batch_size=batch, queue_depth=0, step_seconds=target, target_seconds=target,
-                                         draft_seconds=0.0, drafted_per_position=drafted,
-                                         accepted_per_position=[0] * len(drafted), num_drafts=0,
-                                         prefill_tokens=prefill))
+    steps = ((1, [1, 1], 0.03, 0.01, 0), (1, [], 0.02, 0.0, 0), (1, [], 0.50, 0.0, 300), (4, [4], 0.05, 0.02, 0))
+    for batch, drafted, verify, draft, prefill in steps:
+        telemetry.record_step(StepRecord(batch_size=batch, queue_depth=0, step_seconds=verify + draft,
+                                         target_seconds=0.8 * verify, draft_seconds=draft,
+                                         drafted_per_position=drafted, accepted_per_position=[0] * len(drafted),
+                                         num_drafts=0, prefill_tokens=prefill))
     window = telemetry.snapshot(SCHEDULE)
-    #                    steps  Σb  Σd   Σs    Σb²  Σbd  Σd²  Σbs   Σds   Σs²
-    assert window.by_band[0].decode_cost_sums == pytest.approx([2, 2, 2, 0.05, 2, 2, 4, 0.05, 0.06, 0.0013])
-    assert window.by_band[2].decode_cost_sums == pytest.approx([1, 4, 4, 0.05, 16, 16, 16, 0.2, 0.2, 0.0025])
+    #                   steps  Σb  Σd   Σs    Σb²  Σbd  Σd²  Σbs   Σds   Σs²   Σdraft
+    assert window.by_band[0].decode_cost_sums == pytest.approx([2, 2, 2, 0.05, 2, 2, 4, 0.05, 0.06, 0.0013, 0.01])
+    assert window.by_band[2].decode_cost_sums == pytest.approx([1, 4, 4, 0.05, 16, 16, 16, 0.2, 0.2, 0.0025, 0.02])
     assert window.decode_cost_sums == pytest.approx([a + b for a, b in zip(window.by_band[0].decode_cost_sums,
                                                                             window.by_band[2].decode_cost_sums)])
     remote = window_from_dict(json.loads(json.dumps(window.to_dict())))
