@@ -154,7 +154,7 @@ class GoodputModel:
         self.memory = memory                 # each window decays a band's acceptance counts by (1 - memory): with
         # 0.1-0.3, E(4) predicted the next three windows' within 8-10 % (median) over two passes of the controller
         # bench's phases at k 4; with 0.5, within 11 % (a window of a few requests says little of the next ones)
-        self.shadowed = shadowed             # prompt lookup's model: plain decoding's shadow lookups count as drafts
+        self.shadowed = shadowed             # prompt lookup's model: its acceptance is that of the shadow lookups
         self.bands: dict[int, _Band] = {}
         self.verified: deque = deque(maxlen=SLOPE_WINDOWS)    # (tokens verified per step, verify seconds per step)
 
@@ -171,7 +171,7 @@ class GoodputModel:
         band.batch.append(window.batch_size_mean)
         sums = window.decode_cost_sums
         if sums and sums[0] > 0:
-            steps, batch, drafted, verify, draft = (sums[i] for i in (0, 1, 2, 3, 10))
+            (steps, batch, drafted, verify), draft = sums[:4], sums[10]
             band.verify.observe(k, verify / steps)
             if k > 0:
                 band.draft.observe(k, draft / steps)
@@ -201,6 +201,10 @@ class GoodputModel:
         price of a draft token?"""
         return self.measured_plain(band) or (self.ready(band) and self.price_per_draft_token(band) is not None)
 
+    def decode_steps(self, band: int) -> float:
+        """Decode steps in band's recent windows: those its price of a draft token is fitted on."""
+        return sum(sums[0] for sums in self.bands[band].decode_costs) if band in self.bands else 0.0
+
     def measured_ks(self, band: int) -> list[int]:
         return sorted(self.bands[band].draft.per_k) if band in self.bands else []
 
@@ -227,8 +231,8 @@ class GoodputModel:
         span it found, so a shadow draft that matched a tokens (and verification's one more) takes ceil((a + 1) /
         (k + 1)) steps at k, each after the first drafting k. Counted per shadow draft instead, copying weighs as
         much as prose that matches nothing, while it runs fewer steps (at k 4 in the controller bench's mixed phase:
-        1.43 tokens per sequence-step that way, 1.56 this way, 1.63-1.67 measured; over the same steps of copy,
-        code and prose, this way within 2 %)."""
+        1.43 tokens per sequence-step that way, 1.56 this way, 1.63-1.67 measured; this way within 3 % of the
+        drafts' own count over the same steps of copy, code and mixed)."""
         drafting = self.drafting(band)
         reached = self.bands[band].acceptance.reached() if band in self.bands else []
         if not self.shadowed or k >= len(reached):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from controller.calibration import Calibration
-from controller.goodput import GoodputModel
+from controller.goodput import MIN_FIT_STEPS, GoodputModel
 from controller.schedule import MAX_BAND, learned, schedule_text, with_bands, with_schedule
 from controller.strategy import PROBES, UNMEASURED, Proposal
 from controller.window_stats import tokens_per_busy_second
@@ -204,11 +204,17 @@ class RulePolicy:
     def _model(self, method: str) -> GoodputModel:
         return self.state.models[method if method in DRAFTERS else self.state.spec_method]
 
-    def _reachable(self, model: GoodputModel, band: int) -> range:
-        """k values a trial may try: measured costs extrapolate only k_step past the largest k measured."""
+    def _reachable(self, model: GoodputModel, band: int) -> list[int]:
+        """k values a trial may try: measured costs extrapolate only k_step past the largest k measured, and while the
+        model prices no draft token at band, only once the band ran the decode steps a price is fitted on (a k 4 -> 8
+        trial 4 s into the controller bench's copy phase, its cost held at k 4's, was predicted 1.86-1.97x and
+        measured 0.70-1.33x). Until then, only the k measured; after, a draft model (whose draft tokens move with the
+        batch size alone, and fit no price) tries a k at the cost held flat, the most it could gain."""
+        measured = model.measured_ks(band)
+        if model.price_per_draft_token(band) is None and model.decode_steps(band) < MIN_FIT_STEPS:
+            return measured
         spec = self.policy.speculation
-        measured = max(model.measured_ks(band), default=0)
-        return range(1, min(spec.k_max, measured + spec.k_step) + 1)
+        return list(range(1, min(spec.k_max, max(measured, default=0) + spec.k_step) + 1))
 
     def _draft_len(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
         """Set the k of the batch band the traffic is in (and of the bands never measured) to the model's best;
@@ -223,7 +229,7 @@ class RulePolicy:
             return None
         reachable = self._reachable(model, band)
         if model.measured_plain(band):
-            reachable = range(0, reachable.stop)
+            reachable = [0, *reachable]
         best = model.best(reachable, band)
         if best.k == k_now:
             return None

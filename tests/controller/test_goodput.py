@@ -175,3 +175,33 @@ def test_a_band_without_a_fit_of_its_own_takes_the_power_law_through_the_bands_w
     assert model.bands[heavy].fitted_price() is None
     assert model.price_per_draft_token(heavy) == pytest.approx(0.001)          # 0.004 x (16 / 1) ^ -0.5
     assert model.seconds_per_verified_token() > 0.003
+
+
+def test_a_cost_is_the_median_of_its_windows_decode_steps_and_counts_what_a_step_spends_besides_the_forward():
+    """Prefills cost the same under any config and the judge leaves them out; sampling what a step verifies costs more
+    at k 4 than at plain decoding, so it is measured per k, not shared across them."""
+    model, band = GoodputModel(), batch_band(16)
+    for seconds in (0.06, 0.05, 0.07):                          # 100 decode steps of `seconds` each, and a prefill
+        decode = [100 * term for term in decode_cost_terms(16, 0, seconds, 0.0)]
+        model.observe(dataclasses.replace(_window(0, 16), steps=101, step_seconds=100 * seconds + 2.0,
+                                          target_forward_seconds=100 * seconds + 2.0, decode_cost_sums=decode))
+    spec = _window(4, 16)
+    spec = decoding(dataclasses.replace(spec, step_seconds=spec.step_seconds + 100 * 0.010))   # 10 ms a step more
+    model.observe(spec)
+    assert model.predict(0, band).seconds_per_step == pytest.approx(0.06)       # the median; not 0.05, nor 0.08
+    assert model.predict(4, band).seconds_per_step == pytest.approx(spec.step_seconds / 100)
+
+
+def test_prompt_lookups_tokens_per_step_below_the_positions_shadowed_count_the_steps_a_match_takes_at_k():
+    """Half the shadow drafts match all 8 positions, half none: at k 4 the first take two steps for their 9 tokens,
+    so 5 tokens come in 1.5 steps (3.33 per step); counted per draft, 1 + 0.5 x 4 = 3. A draft model's drafts are
+    counted per step as they are."""
+    lookup, draft = GoodputModel(shadowed=True), GoodputModel()
+    half = dataclasses.replace(_window(4, 1), shadow_lookups=400, shadow_drafted_per_position=[200] * 8,
+                               shadow_accepted_per_position=[200] * 8)
+    lookup.observe(half)
+    assert lookup.expected_tokens(4, 0) == pytest.approx(5 / 1.5)
+    assert lookup.expected_tokens(8, 0) == pytest.approx(5)
+    assert lookup.drafted_tokens(4, 0) == pytest.approx((0.5 * 4 + 4 * 0.5) / 1.5)   # the second step drafts 4 too
+    draft.observe(_window(8, 1, drafting=0.5, accepted=1.0))
+    assert draft.expected_tokens(4, 0) == pytest.approx(3)

@@ -189,6 +189,20 @@ def test_a_drafter_never_measured_is_tried_at_the_first_light_window_before_k_is
     assert rules.propose(current, code, 9).kind != "spec_method"           # not tried again at the next light band
 
 
+def test_a_k_not_measured_waits_for_the_bands_price_or_for_the_decode_steps_one_is_fitted_on():
+    rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1000, "k_max": 8}}))
+    rules.state.unavailable.add("draft_model")
+    current = EngineConfig(spec_method="ngram", draft_len=4)
+    copying = _window("ngram", 4, batch=1, seconds_per_step=0.01, accepted=0.95)
+    starting = dataclasses.replace(copying, decode_cost_sums=[x / 10 for x in copying.decode_cost_sums])
+    rules.observe(starting)                                  # 10 decode steps at k 4: k 8's cost is unknown
+    assert rules.state.models["ngram"].price_per_draft_token(0) is None
+    assert rules.propose(current, starting, 1) is None
+    rules.observe(copying)                     # 110: every step drafted alike, so no price will come; k 8 is tried
+    proposal = rules.propose(current, copying, 2)
+    assert proposal.kind == "draft_len" and proposal.config.draft_len_for(1) > 4
+
+
 def test_a_drafter_tried_blind_is_not_tried_blind_again_even_if_its_model_is_still_unready_until_a_pin_ends():
     rules = RulePolicy(parse_policy({"speculation": {"reprobe_windows": 1000}, "trial": {"retry_windows": 1}}))
     rules.state.last_mode_probe = 10**6
