@@ -82,6 +82,7 @@ class Controller:
             part = self.client.snapshot()
             self._parts.append(part)
             if self._trial is not None and self._trial_ended(part):
+                self._learn(merge_windows(self._parts))     # what the trial's arms measured since the last window
                 self._parts = []        # the next window measures the config the trial left in use
                 return
             settings = self.policy.window
@@ -101,8 +102,7 @@ class Controller:
             self._on_no_data(reason, window)
             return
         self._no_data = False
-        for measured in (window.arms or {"": window}).values():
-            self.strategy.observe(measured)
+        self._learn(window)
         self._evaluate_slo(window)
         if self._trial is not None:
             return
@@ -111,6 +111,14 @@ class Controller:
         proposal = self.strategy.propose(self.current, window, self.window_index)
         if proposal is not None:
             self._start_trial(proposal, window)
+
+    def _learn(self, window: Window) -> None:
+        """The strategy learns what the window measured, each arm apart while a trial runs. A trial that ends between
+        two windows teaches its last part too: in the controller bench, probes of speculation at 16 sequences ended
+        futile within 2 s, each before a window closed, so prompt lookup's model never measured speculating there
+        and every later probe ran blind."""
+        for measured in (window.arms or {"": window}).values():
+            self.strategy.observe(measured)
 
     def _on_no_data(self, reason: str, window: Window) -> None:
         trial = self._trial

@@ -1,0 +1,48 @@
+"""A trial that ends between two windows still teaches the strategy what its arms measured: a probe that ends futile
+within a window otherwise leaves the goodput model blind to the config it probed, and the next probe runs blind too."""
+import time
+
+from controller.strategy import Proposal
+from tests.controller.conftest import fast_policy
+from tests.controller.traffic import ClosedLoopTraffic
+
+
+class OneKTrial:
+    """A strategy that proposes k 3 once, and records the windows it is taught."""
+    name = "one-k-trial"
+
+    def __init__(self):
+        self.proposed, self.observed = False, []
+
+    def observe(self, window):
+        self.observed.append(window)
+
+    def released(self, config):
+        pass
+
+    def propose(self, current, baseline, window_index):
+        if self.proposed:
+            return None
+        self.proposed = True
+        return Proposal(current.changed(draft_len=3), "draft_len", "k 1 -> 3", keep_gain=1.0)
+
+    def finished(self, proposal, outcome, window, window_index):
+        pass
+
+
+def test_the_arms_of_a_trial_that_ends_between_windows_are_observed(build, prompts):
+    policy = fast_policy(window={"seconds": 2.0}, judge={"block_steps": 2, "min_samples": 6, "max_blocks": 12})
+    engine, controller = build(policy, k=1)
+    controller.strategy = strategy = OneKTrial()
+    with ClosedLoopTraffic(engine, prompts, concurrency=4):
+        controller.client.snapshot()
+        time.sleep(policy["window"]["seconds"])
+        controller.tick()                                   # a window of k 1; the trial of k 3 starts
+        assert controller.state()["trial"] is not None and [w.draft_len for w in strategy.observed] == [1]
+        for _ in range(10):
+            time.sleep(0.5)
+            controller.tick()                               # 12 blocks of 2 steps end the trial within a window
+            if controller.state()["trial"] is None:
+                break
+    assert controller.state()["trial"] is None and controller.window_index == 1    # no window closed since
+    assert sorted(w.draft_len for w in strategy.observed[1:]) == [1, 3]          # both arms taught, as they ran
