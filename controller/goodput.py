@@ -171,12 +171,12 @@ class GoodputModel:
         band.batch.append(window.batch_size_mean)
         sums = window.decode_cost_sums
         if sums and sums[0] > 0:
-            (steps, batch, drafted, verify), draft = sums[:4], sums[10]
+            (steps, batch, draft_tokens, verify), draft = sums[:4], sums[10]
             band.verify.observe(k, verify / steps)
             if k > 0:
                 band.draft.observe(k, draft / steps)
             band.decode_costs.append(sums)
-            self.verified.append(((batch + drafted) / steps, verify / steps))
+            self.verified.append(((batch + draft_tokens) / steps, verify / steps))
         if self.shadowed and window.shadow_lookups:
             drafted, accepted = window.shadow_drafted_per_position, window.shadow_accepted_per_position
             eligible = [window.shadow_lookups] * len(drafted)
