@@ -16,7 +16,6 @@ from controller.canary import FleetCanary
 from controller.clients import HttpClient
 from controller.loop import Controller
 from controller.store import Decision, Store, Trial
-from controller.strategy import Proposal
 from engine.api import create_app
 from engine.local_server import free_port
 from engine.service import EngineService
@@ -24,34 +23,12 @@ from policies import parse_policy
 from seam import EngineConfig, Experiment
 from tests.controller.conftest import fast_policy
 from tests.controller.server import TOKEN
+from tests.controller.strategies import OneTrial
 from seam import SamplingParams
 from tests.engine.helpers import code_prompts, make_engine
 
 LONG = SamplingParams(max_tokens=192, temperature=0.0, ignore_eos=True)    # few prefills: less noise per check
 SLOWDOWN = 0.25     # each step of the candidate takes a quarter longer: 20 % fewer tokens per busy second
-
-
-class OneCandidate:
-    """A strategy that proposes the config in use, unchanged but for its new version, once."""
-    name = "one-candidate"
-
-    def __init__(self):
-        self.proposed, self.outcomes = False, []
-
-    def observe(self, window):
-        pass
-
-    def released(self, config):
-        pass
-
-    def propose(self, current, baseline, window_index):
-        if self.proposed:
-            return None
-        self.proposed = True
-        return Proposal(current, "draft_len", "the same config under a new version, slowed", keep_gain=1.0)
-
-    def finished(self, proposal, outcome, window, window_index):
-        self.outcomes.append(outcome)
 
 
 def _slow_unless(engine, baseline_version: int) -> None:
@@ -134,7 +111,8 @@ def test_a_slowed_candidate_is_rejected_on_the_canary_alone(moe_models, tmp_path
         applied = [_record_applies(engine) for engine in engines]
         for engine in engines:
             _slow_unless(engine, baseline.version)
-        controller.strategy = strategy = OneCandidate()
+        controller.strategy = strategy = OneTrial(lambda current: current,
+                                                  "the same config under a new version, slowed")
         client.snapshot()
         for _ in range(100):
             time.sleep(policy.window.seconds / policy.window.checks)

@@ -2,38 +2,15 @@
 within a window otherwise leaves the goodput model blind to the config it probed, and the next probe runs blind too."""
 import time
 
-from controller.strategy import Proposal
 from tests.controller.conftest import fast_policy
+from tests.controller.strategies import OneTrial
 from tests.controller.traffic import ClosedLoopTraffic
-
-
-class OneKTrial:
-    """A strategy that proposes k 3 once, and records the windows it is taught."""
-    name = "one-k-trial"
-
-    def __init__(self):
-        self.proposed, self.observed = False, []
-
-    def observe(self, window):
-        self.observed.append(window)
-
-    def released(self, config):
-        pass
-
-    def propose(self, current, baseline, window_index):
-        if self.proposed:
-            return None
-        self.proposed = True
-        return Proposal(current.changed(draft_len=3), "draft_len", "k 1 -> 3", keep_gain=1.0)
-
-    def finished(self, proposal, outcome, window, window_index):
-        pass
 
 
 def test_the_arms_of_a_trial_that_ends_between_windows_are_observed(build, prompts):
     policy = fast_policy(window={"seconds": 2.0}, judge={"block_steps": 2, "min_samples": 6, "max_blocks": 12})
     engine, controller = build(policy, k=1)
-    controller.strategy = strategy = OneKTrial()
+    controller.strategy = strategy = OneTrial(lambda current: current.changed(draft_len=3), "k 1 -> 3")
     with ClosedLoopTraffic(engine, prompts, concurrency=4):
         controller.client.snapshot()
         time.sleep(policy["window"]["seconds"])
