@@ -27,7 +27,8 @@ Theil-Sen slope of verify seconds per step on tokens verified per step, over rec
 1.5-1.9x for k 4 -> 8 at 1 sequence of copying (1.3-1.5x measured) and 1.4-3.3x for plain decoding at 16 sequences
 of prose (1.2-1.3x measured). A band without a fit of its own yet takes the power law of price on batch size through
 the bands with theirs; the one price stands in where no band has a fit (a draft model drafts k for every sequence, so
-its draft tokens do not vary apart from the batch size; plain decoding drafts none).
+its draft tokens do not vary apart from the batch size; plain decoding drafts none). Plain decoding's verify cost
+where speculation runs is, once enough of them ran, that of the steps that drafted nothing: they run as its steps do.
 Predicted tokens per busy second at k, relative to the current k: E(k) / E(k0) * cost(k0) / cost(k).
 """
 from __future__ import annotations
@@ -49,6 +50,8 @@ MIN_TOKEN_SPREAD = 1.5   # ... once the most tokens verified per step is this ma
 MIN_FIT_STEPS = 30       # a band's price of a draft token is fitted on its decode steps once this many ran,
 MIN_DRAFT_SPREAD = 0.5   # ... their draft tokens varied by this standard deviation apart from their batch size,
 MAX_PRICE_ERROR = 0.25   # ... and its standard error is at most this share of it
+MIN_PLAIN_STEPS = 10     # decode steps that verified no draft token (and as many that verified some) before a band
+                         # speculating takes plain decoding's cost from them
 
 
 @dataclass
@@ -137,6 +140,23 @@ class _Band:
             return None
         return float(price)
 
+    def plain_seconds(self, batch: float) -> float | None:
+        """Verify seconds of a step of batch sequences that verifies no draft token, from the recent decode steps that
+        drafted nothing (prompt lookup's where no sequence's text recurred: they run as plain decoding's steps do):
+        the least-squares fit of their seconds s on b, d and z = [d = 0], at d = 0. The price's line, fitted mostly on
+        steps that drafted, misses what a step that verifies drafts costs apart from their number: at 2 sequences of
+        code with prompt lookup at k 4, it put plain decoding at 30.2 ms a step, and the steps that drafted nothing
+        ran 28.0 ms, as plain decoding's did (28.4 ms). None until MIN_PLAIN_STEPS of each kind ran."""
+        sums = sum_arrays(list(self.decode_costs))
+        if len(sums) < 14:
+            return None
+        n, b, d, s, bb, bd, dd, bs, ds, _, _, z, zb, zs = sums[:14]
+        if min(z, n - z) < MIN_PLAIN_STEPS:
+            return None
+        gram = np.array([[n, b, d, z], [b, bb, bd, zb], [d, bd, dd, 0.0], [z, zb, 0.0, z]])
+        intercept, per_sequence, _, undrafted = np.linalg.pinv(gram) @ np.array([s, bs, ds, zs])
+        return float(intercept + per_sequence * batch + undrafted)
+
 
 @dataclass
 class Prediction:
@@ -197,9 +217,11 @@ class GoodputModel:
         return band in self.bands and 0 in self.bands[band].verify.per_k
 
     def predicts_plain(self, band: int) -> bool:
-        """Can the model predict plain decoding's cost at band: measured there, or moved from a k measured there by the
-        price of a draft token?"""
-        return self.measured_plain(band) or (self.ready(band) and self.price_per_draft_token(band) is not None)
+        """Can the model predict plain decoding's cost at band: measured there (by windows of plain decoding, or by the
+        steps of speculation that drafted nothing), or moved from a k measured there by the price of a draft token?"""
+        return self.measured_plain(band) or (self.ready(band) and (
+            self.bands[band].plain_seconds(self._batch(band)) is not None
+            or self.price_per_draft_token(band) is not None))
 
     def decode_steps(self, band: int) -> float:
         """Decode steps in band's recent windows: those its price of a draft token is fitted on."""
@@ -284,7 +306,10 @@ class GoodputModel:
 
     def _verify_moved(self, cost: float, k0: int, k: int, band: int) -> float:
         """The verify cost at k from its cost at k0: the verified tokens k adds (or removes), at the price of a draft
-        token (unchanged while that is not measured yet)."""
+        token (unchanged while that is not measured yet); plain decoding's, where enough steps of k0 drafted nothing,
+        theirs."""
+        if k == 0 and (plain := self.bands[band].plain_seconds(self._batch(band))) is not None:
+            return plain
         per_token = self.price_per_draft_token(band)
         if per_token is None:
             return cost

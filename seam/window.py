@@ -73,7 +73,8 @@ class Block:
 def decode_cost_terms(batch_size: int, draft_tokens: int, verify_seconds: float, draft_seconds: float) -> list[float]:
     """One decode step's addends to Window.decode_cost_sums; verify_seconds: the step's seconds but its drafter's."""
     b, d, s = float(batch_size), float(draft_tokens), verify_seconds
-    return [1.0, b, d, s, b * b, b * d, d * d, b * s, d * s, s * s, draft_seconds]
+    z = 1.0 if draft_tokens == 0 else 0.0
+    return [1.0, b, d, s, b * b, b * d, d * d, b * s, d * s, s * s, draft_seconds, z, z * b, z * s]
 
 
 def batch_band(batch_size: float) -> int:
@@ -136,8 +137,8 @@ class Window:
     steps_per_batch_size: list[int] | None = None         # [n]: steps that ran n sequences
     # the steps that ran no prefill (what the judge compares), as the sums a least-squares fit of a step's seconds but
     # its drafter's (the target's forward and verifying: sampling a sequence's tokens costs more as it verifies more)
-    # s on its batch size b and the draft tokens d it verified needs, and the drafter's seconds: [steps, Σb, Σd, Σs,
-    # Σb², Σbd, Σd², Σbs, Σds, Σs², Σdraft seconds] (decode_cost_terms)
+    # s on its batch size b, the draft tokens d it verified and z = 1 if it verified none needs, and the drafter's
+    # seconds: [steps, Σb, Σd, Σs, Σb², Σbd, Σd², Σbs, Σds, Σs², Σdraft seconds, Σz, Σzb, Σzs] (decode_cost_terms)
     decode_cost_sums: list[float] | None = None
     # while an Experiment runs: the blocks completed in this window, and what each arm measured
     blocks: list[Block] | None = None

@@ -116,6 +116,29 @@ def test_below_the_ks_measured_the_target_costs_the_tokens_it_no_longer_verifies
     assert plain == pytest.approx(FIXED + PER_TOKEN + OVERHEAD, rel=0.02)    # one token verified, nothing drafted
 
 
+def test_plain_decodings_cost_where_speculation_runs_is_that_of_its_steps_that_drafted_nothing():
+    """A step that verifies drafts costs more than their tokens' price (sampling them, the forward's shape): 40 of
+    100 steps of prompt lookup at 2 sequences drafted nothing and ran as plain decoding's steps run, so they price it;
+    the price's line through all the steps puts it 1.3 ms higher. Too few such steps, and the line stands in."""
+    price, verifying, band = 0.004, 0.010, batch_band(2)
+
+    def window(undrafted: int) -> Window:
+        per_step = [0] * undrafted + [4, 8] * ((100 - undrafted) // 2)
+        sums = [sum(terms) for terms in zip(*(decode_cost_terms(
+            2, d, FIXED + price * (2 + d) + verifying * (d > 0) + OVERHEAD, PER_DRAFT * d) for d in per_step))]
+        return dataclasses.replace(_window(4, 2, drafting=sum(per_step) / 800), decode_cost_sums=sums)
+
+    model, sparse = GoodputModel(shadowed=True), GoodputModel(shadowed=True)
+    for _ in range(2):
+        model.observe(window(40))
+        sparse.observe(window(4))
+    assert model.predicts_plain(band)
+    assert model.predict(0, band).seconds_per_step == pytest.approx(FIXED + price * 2 + OVERHEAD)
+    assert sparse.bands[band].plain_seconds(2.0) is None and sparse.predict(0, band).seconds_per_step == \
+        pytest.approx(sparse.predict(4, band).seconds_per_step - PER_DRAFT * 2 * sparse.drafted_tokens(4, band)
+                      - sparse.price_per_draft_token(band) * 2 * sparse.drafted_tokens(4, band))
+
+
 def _looked_up(k: int, batch: int, price: float, drafting: float = 0.5, accepted: float = 0.8,
                steps: int = 100, per_sequence: float = 0.0) -> Window:
     """steps decode steps of prompt lookup at k and batch: on a share `drafting` of the steps every sequence finds a

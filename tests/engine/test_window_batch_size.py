@@ -82,9 +82,11 @@ def test_decode_steps_sum_their_cost_terms_per_band_and_prefills_are_left_out():
                                          drafted_per_position=drafted, accepted_per_position=[0] * len(drafted),
                                          num_drafts=0, prefill_tokens=prefill))
     window = telemetry.snapshot(SCHEDULE)
-    #                   steps  Σb  Σd   Σs    Σb²  Σbd  Σd²  Σbs   Σds   Σs²   Σdraft
-    assert window.by_band[0].decode_cost_sums == pytest.approx([2, 2, 2, 0.05, 2, 2, 4, 0.05, 0.06, 0.0013, 0.01])
-    assert window.by_band[2].decode_cost_sums == pytest.approx([1, 4, 4, 0.05, 16, 16, 16, 0.2, 0.2, 0.0025, 0.02])
+    #                   steps  Σb  Σd   Σs    Σb²  Σbd  Σd²  Σbs   Σds   Σs²   Σdraft Σz  Σzb  Σzs (z: drafted none)
+    assert window.by_band[0].decode_cost_sums == pytest.approx([2, 2, 2, 0.05, 2, 2, 4, 0.05, 0.06, 0.0013, 0.01,
+                                                                1, 1, 0.02])
+    assert window.by_band[2].decode_cost_sums == pytest.approx([1, 4, 4, 0.05, 16, 16, 16, 0.2, 0.2, 0.0025, 0.02,
+                                                                0, 0, 0])
     assert window.decode_cost_sums == pytest.approx([a + b for a, b in zip(window.by_band[0].decode_cost_sums,
                                                                             window.by_band[2].decode_cost_sums)])
     remote = window_from_dict(json.loads(json.dumps(window.to_dict())))
