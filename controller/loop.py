@@ -180,7 +180,7 @@ class Controller:
             self.calibration.record(kind, trial.proposal.raw_gain, trial.proposal.predicted_gain, gain,
                                     trial.proposal.inputs.get("band"))
             self.metrics.calibration(self.calibration.summary())
-        self.strategy.finished(trial.proposal, outcome, candidate, self.window_index)
+        self.strategy.finished(trial.proposal, outcome, candidate, self.window_index, gain)
         inputs = {"kind": kind, "outcome": outcome, "seconds": round(time.monotonic() - trial.started, 3),
                   "trial": None if candidate is None else window_summary(candidate),
                   "baseline": None if incumbent is None else window_summary(incumbent),

@@ -52,7 +52,8 @@ class OptunaSearch:
                                                                        "params": trial.params},
                         optuna_trial=trial)
 
-    def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int) -> None:
+    def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int,
+                 measured_gain: float | None = None) -> None:
         trial = proposal.optuna_trial
         judged = ("kept", "reverted", "no_difference", "futile", "inconclusive")
         if window is not None and outcome in (*judged, "cut_short"):

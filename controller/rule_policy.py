@@ -8,6 +8,7 @@ import numpy as np
 
 from controller.calibration import Calibration
 from controller.goodput import MIN_FIT_STEPS, GoodputModel
+from controller.judge import INCONCLUSIVE
 from controller.schedule import MAX_BAND, learned, schedule_text, with_bands, with_schedule
 from controller.strategy import PROBES, UNMEASURED, Proposal
 from controller.window_stats import tokens_per_busy_second
@@ -54,7 +55,8 @@ class RulePolicy:
             if window.spec_method in (method, "off"):
                 model.observe(window)
 
-    def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int) -> None:
+    def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int,
+                 measured_gain: float | None = None) -> None:
         if outcome == "failed" and proposal.kind == "spec_method":
             self.state.unavailable.add(proposal.config.spec_method)
         if proposal.kind == "spec_method" and proposal.raw_gain is None and outcome not in ("failed", UNMEASURED):
@@ -66,7 +68,7 @@ class RulePolicy:
             if outcome == "kept":           # the probe measured the mode it replaced losing: once, for its next probe
                 lost[proposal.kind][band] = 0
                 lost[next(kind for kind in PROBES if kind != proposal.kind)][band] = 1
-            else:
+            elif not _ahead_undecided(proposal, outcome, measured_gain):
                 lost[proposal.kind][band] = lost[proposal.kind].get(band, 0) + 1
 
     def released(self, config: EngineConfig) -> None:
@@ -189,12 +191,13 @@ class RulePolicy:
         """Windows between probes of the other mode at band: reprobe_windows, doubled for each probe of that mode in a
         row that lost at band, up to reprobe_backoff_max times. A kept probe counts as one loss for the next probe of
         the mode it replaced (it measured that mode losing). A load that moves to another band is probed there on its
-        own count; a released pin starts every band again; a probe the load left before it measured anything is no
-        loss (in the controller bench, one started in prose-hot's last second ended unmeasured in the copy phase
-        after it, and a doubled wait kept the next pass's prose-hot drafting k 4). Probes of speculation back off too:
-        in the controller bench, each one at 12-22 sequences of prose-hot ran 7-10 s at 0.72-0.77x plain decoding
-        while the shadow's model, 1.56x there, kept clearing the re-enable bar; a shift in content that makes
-        speculation pay again waits at most reprobe_backoff_max x reprobe_windows."""
+        own count; a released pin starts every band again; a probe the load left before it measured anything is no loss
+        (in the controller bench, one started in prose-hot's last second ended unmeasured in the copy phase after it,
+        and a doubled wait kept the next pass's prose-hot drafting k 4), nor one that ended undecided with its estimate
+        past its bar (_ahead_undecided). Probes of speculation back off too: in the controller bench, each one at 12-22
+        sequences of prose-hot ran 7-10 s at 0.72-0.77x plain decoding while the shadow's model, 1.56x there, kept
+        clearing the re-enable bar; a shift in content that makes speculation pay again waits at most
+        reprobe_backoff_max x reprobe_windows."""
         spec = self.policy.speculation
         lost = self.state.probes_lost["fallback_probe" if speculating else "speculation_probe"].get(band, 0)
         return spec.reprobe_windows * min(2 ** lost, spec.reprobe_backoff_max)
@@ -358,6 +361,14 @@ def _plain_at(config: EngineConfig, band: int) -> EngineConfig:
     k 4); speculation off when no band would draft any more."""
     candidate = with_bands(config, {b: 0 for b in range(band, MAX_BAND + 1)})
     return candidate if candidate.speculative_len > 0 else config.changed(spec_method="off")
+
+
+def _ahead_undecided(proposal: Proposal, outcome: str, measured_gain: float | None) -> bool:
+    """Did a trial end undecided with its estimate past its bar? A probe that did measured the probed mode ahead, not
+    losing, and is no loss for the backoff: in the controller bench, probes of speculation at 6-11 sequences of the
+    mixed phase ended undecided at 1.12-1.25x (bar 1.10x) as the phase ended, and the doubled wait that followed
+    held the next pass's probe there until 7 s into mixed's 10 s, which it spent decoding plainly."""
+    return outcome == INCONCLUSIVE and measured_gain is not None and measured_gain >= proposal.keep_gain
 
 
 def _predicted_text(what_if: dict) -> str:

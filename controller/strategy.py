@@ -34,9 +34,11 @@ class Strategy(Protocol):
     def propose(self, current: EngineConfig, baseline: Window, window_index: int) -> Proposal | None:
         """The next change to try from `current`, judged against `baseline`; None: nothing worth trying now."""
 
-    def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int) -> None:
+    def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int,
+                 measured_gain: float | None = None) -> None:
         """How a proposal's trial ended (kept, reverted, no_difference, futile, inconclusive, unmeasured, cut_short,
-        rolled_back, failed); window: what the candidate's blocks measured (None when it ended without one)."""
+        rolled_back, failed); window: what the candidate's blocks measured (None when it ended without one);
+        measured_gain: the judge's estimate of candidate / incumbent (None when it made none)."""
 
     def released(self, config: EngineConfig) -> None:
         """An operator's pin on config ended."""

@@ -8,12 +8,13 @@ from seam import EngineConfig
 
 
 class OneTrial:
-    """Proposes candidate(current), kind draft_len, once; records the windows it observes and its trial's outcomes."""
+    """Proposes candidate(current), kind draft_len, once; records the windows it observes and its trial's outcomes
+    and measured gains."""
     name = "one-trial"
 
     def __init__(self, candidate: Callable[[EngineConfig], EngineConfig], reason: str):
         self.candidate, self.reason = candidate, reason
-        self.proposed, self.observed, self.outcomes = False, [], []
+        self.proposed, self.observed, self.outcomes, self.measured = False, [], [], []
 
     def observe(self, window):
         self.observed.append(window)
@@ -27,5 +28,6 @@ class OneTrial:
         self.proposed = True
         return Proposal(self.candidate(current), "draft_len", self.reason, keep_gain=1.0)
 
-    def finished(self, proposal, outcome, window, window_index):
+    def finished(self, proposal, outcome, window, window_index, measured_gain=None):
         self.outcomes.append(outcome)
+        self.measured.append(measured_gain)

@@ -296,8 +296,12 @@ def test_probes_of_plain_decoding_that_keep_losing_back_off_at_their_batch_band(
     probe = rules.propose(current, light, 60)
     rules.finished(probe, "unmeasured", None, 60)                   # the load left before it measured anything:
     assert rules.reprobe_wait(speculating=True, band=0) == 2        # no loss, no longer wait
-    rules.finished(probe, "reverted", None, 62)
+    rules.finished(probe, "inconclusive", None, 61, measured_gain=1.0)   # undecided, plain decoding past its bar
+    assert rules.reprobe_wait(speculating=True, band=0) == 2             # (1 / min_gain): measured ahead, no loss
+    rules.finished(probe, "inconclusive", None, 62, measured_gain=0.9)   # undecided and behind it: a loss
     assert rules.reprobe_wait(speculating=True, band=0) == 4
+    rules.finished(probe, "reverted", None, 63)
+    assert rules.reprobe_wait(speculating=True, band=0) == 8
     assert rules.reprobe_wait(speculating=False, band=0) == 2       # probes of speculation keep their own count
     rules.state.probes_lost["speculation_probe"][0] = 5
     assert rules.reprobe_wait(speculating=False, band=0) == 8

@@ -23,3 +23,5 @@ def test_the_arms_of_a_trial_that_ends_between_windows_are_observed(build, promp
                 break
     assert controller.state()["trial"] is None and controller.window_index == 1    # no window closed since
     assert sorted(w.draft_len for w in strategy.observed[1:]) == [1, 3]          # both arms taught, as they ran
+    ended = controller.store.decisions(limit=1)[0]
+    assert strategy.measured == [ended["measured_gain"]] and ended["measured_gain"] > 0   # and the judge's estimate
