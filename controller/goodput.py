@@ -17,10 +17,11 @@ any config, and its seconds diluted every predicted gain (26-40 % of the steps' 
 phase). Costs are measured per batch-size band (powers of two of each step's batch size: a Window carries each band's
 steps apart) and per k, because verification costs more as k and the batch grow. A cost is the median of the last few
 windows' figures (their lowest, the window that drafted least, put k 4 at 2 sequences of code 8 % below its mean).
-With several k measured in a band: between and above them a line through them (slope >= 0). With one k0 measured
-there, or below the smallest k0 measured, the verify cost moves by the price of a verified draft token times the
-tokens k adds or removes, batch x (D(k) - D(k0)) with D(k) the tokens drafted per sequence-step; the drafter's cost
-scales by D(k) / D(k0). The price is the band's own where its decode steps tell it: the least-squares fit of their
+The verify cost at a k not measured in a band moves from the k0 > 0 measured there nearest in tokens drafted (from
+k0 = 0 where only plain decoding was) by the price of a verified draft token times the tokens k adds or removes,
+batch x (D(k) - D(k0)) with D(k) the tokens drafted per sequence-step; before a price is known, it is a line through
+the k measured (slope >= 0), the one cost where one was. The drafter's cost is such a line, or from one k0 scales by
+D(k) / D(k0). The price is the band's own where its decode steps tell it: the least-squares fit of their
 verify seconds on their batch size and draft tokens (prompt lookup drafts on some steps and not others). It differs
 by band: measured on 2 cores with SmolLM2, 2.9 ms at 1 sequence and 1.0 ms at 16, and one price for all bands (the
 Theil-Sen slope of verify seconds per step on tokens verified per step, over recent windows of every band) predicted
@@ -300,9 +301,24 @@ class GoodputModel:
 
     def predict(self, k: int, band: int) -> Prediction:
         costs = self.bands[band]
-        verify = costs.verify.at(k, lambda k0, cost: self._verify_moved(cost, k0, k, band))
+        verify = self._verify_seconds(k, band)
         draft = 0.0 if k == 0 else costs.draft.at(k, lambda k0, cost: self._draft_scaled(cost, k0, k, band))
         return Prediction(k, self.expected_tokens(k, band) if k > 0 else 1.0, max(verify + draft, 1e-9))
+
+    def _verify_seconds(self, k: int, band: int) -> float:
+        """The verify cost at k: measured; else, once a draft token has a price, moved from the k0 > 0 measured nearest
+        in draft tokens; else the line through the k measured. A line in k through k 0 cuts under the cost of the k
+        between: prompt lookup's tokens drafted per step are concave in k (its matches end), and a step that verifies
+        any draft costs more than their number says. At 6 sequences of the controller bench's mixed phase, with k 0
+        and 8 measured, the line put k 2 at 63.4 ms a step and k 8 -> 2 at 1.08x; moved from k 8, 66.0 ms and 1.04x;
+        measured 67.1 ms and 1.01x. In the bench, k 8 -> 2 and k 4 -> 1 there were predicted 1.13-1.33x and measured
+        0.84-0.90x."""
+        measured = self.bands[band].verify.per_k
+        drafting = [k0 for k0 in measured if k0 > 0]
+        if k > 0 and k not in measured and drafting and self.price_per_draft_token(band) is not None:
+            k0 = min(drafting, key=lambda k0: abs(self.drafted_tokens(k0, band) - self.drafted_tokens(k, band)))
+            return self._verify_moved(measured[k0], k0, k, band)
+        return self.bands[band].verify.at(k, lambda k0, cost: self._verify_moved(cost, k0, k, band))
 
     def _verify_moved(self, cost: float, k0: int, k: int, band: int) -> float:
         """The verify cost at k from its cost at k0: the verified tokens k adds (or removes), at the price of a draft

@@ -139,6 +139,33 @@ def test_plain_decodings_cost_where_speculation_runs_is_that_of_its_steps_that_d
                       - sparse.price_per_draft_token(band) * 2 * sparse.drafted_tokens(4, band))
 
 
+def test_between_the_ks_measured_a_k_costs_its_tokens_from_the_nearest_that_drafted_not_a_line_through_k_0():
+    """Prompt lookup drafts fewer tokens at each later position (its matches end), so the tokens drafted per step are
+    concave in k: k 2 drafts more than a quarter of k 8's. With plain decoding and k 8 measured at 6 sequences, k 2
+    costs k 8 less the tokens it no longer drafts; a line in k through k 0 and k 8 puts it lower and predicts too much
+    for k 8 -> 2."""
+    price, batch, steps = 0.002, 6, 100
+    shares = [0.5 * 0.8 ** j for j in range(8)]            # q_j: the share of sequence-steps drafting position j
+
+    def window(k: int) -> Window:
+        drafted = [round(steps * batch * q) for q in shares[:k]]
+        per_step = [sum(drafted) // 50 + (i < sum(drafted) % 50) for i in range(50)] + [0] * 50
+        sums = [sum(terms) for terms in zip(*(decode_cost_terms(
+            batch, d, FIXED + price * (batch + d) + OVERHEAD, PER_DRAFT * d) for d in per_step))]
+        return dataclasses.replace(
+            _window(k, batch, steps=steps), drafted_per_position=drafted, accepted_per_position=drafted,
+            num_drafts=drafted[0] if k else 0, drafted_tokens=sum(drafted), decode_cost_sums=sums)
+
+    model, band = GoodputModel(), batch_band(batch)
+    for k in (0, 0, 8, 8):
+        model.observe(window(k))
+    assert model.measured_ks(band) == [8] and model.price_per_draft_token(band) == pytest.approx(price)
+    drafted = batch * model.drafted_tokens(2, band)
+    assert drafted > batch * model.drafted_tokens(8, band) / 4
+    assert model.predict(2, band).seconds_per_step == pytest.approx(
+        FIXED + price * (batch + drafted) + OVERHEAD + PER_DRAFT * drafted)
+
+
 def _looked_up(k: int, batch: int, price: float, drafting: float = 0.5, accepted: float = 0.8,
                steps: int = 100, per_sequence: float = 0.0) -> Window:
     """steps decode steps of prompt lookup at k and batch: on a share `drafting` of the steps every sequence finds a
