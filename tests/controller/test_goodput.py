@@ -166,6 +166,25 @@ def test_between_the_ks_measured_a_k_costs_its_tokens_from_the_nearest_that_draf
         FIXED + price * (batch + drafted) + OVERHEAD + PER_DRAFT * drafted)
 
 
+def test_a_k_that_drafts_never_costs_less_than_plain_decoding_at_its_band():
+    """k 8 measured over few windows that drafted less than the shadow's acceptance says it does: moved down to k 1
+    by the price, its cost would fall below plain decoding's; a step that verifies drafts costs at least as much."""
+    price, batch = 0.002, 16
+    plain = dataclasses.replace(_window(0, batch), decode_cost_sums=[100 * term for term in decode_cost_terms(
+        batch, 0, FIXED + price * batch + OVERHEAD, 0.0)])
+    per_step = [0, 16] * 50                                    # 8 draft tokens a step, where D(8) says 128
+    sums = [sum(terms) for terms in zip(*(decode_cost_terms(
+        batch, d, FIXED + price * (batch + d) + OVERHEAD, 0.0) for d in per_step))]    # a drafter that costs nothing
+    drafting = dataclasses.replace(_window(8, batch), decode_cost_sums=sums)
+    model, band = GoodputModel(), batch_band(batch)
+    for window in (plain, plain, drafting, drafting):
+        model.observe(window)
+    assert model.price_per_draft_token(band) == pytest.approx(price)
+    assert model.predict(8, band).seconds_per_step < model.predict(0, band).seconds_per_step + \
+        price * batch * (model.drafted_tokens(8, band) - model.drafted_tokens(1, band))
+    assert model.predict(1, band).seconds_per_step == pytest.approx(model.predict(0, band).seconds_per_step)
+
+
 def _looked_up(k: int, batch: int, price: float, drafting: float = 0.5, accepted: float = 0.8,
                steps: int = 100, per_sequence: float = 0.0) -> Window:
     """steps decode steps of prompt lookup at k and batch: on a share `drafting` of the steps every sequence finds a
