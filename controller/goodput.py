@@ -325,8 +325,10 @@ class GoodputModel:
             cost = self._verify_moved(measured[k0], k0, k, band)
         else:
             cost = self.bands[band].verify.at(k, lambda k0, cost: self._verify_moved(cost, k0, k, band))
-        plain = measured.get(0, self.bands[band].plain_seconds(self._batch(band)))
-        return max(cost, plain) if k > 0 and plain is not None else cost
+        if k == 0:
+            return cost
+        plain = measured[0] if 0 in measured else self.bands[band].plain_seconds(self._batch(band))
+        return cost if plain is None else max(cost, plain)
 
     def _verify_moved(self, cost: float, k0: int, k: int, band: int) -> float:
         """The verify cost at k from its cost at k0: the verified tokens k adds (or removes), at the price of a draft
