@@ -167,8 +167,9 @@ def test_between_the_ks_measured_a_k_costs_its_tokens_from_the_nearest_that_draf
 
 
 def test_a_k_that_drafts_never_costs_less_than_plain_decoding_at_its_band():
-    """k 8 measured over few windows that drafted less than the shadow's acceptance says it does: moved down to k 1
-    by the price, its cost would fall below plain decoding's; a step that verifies drafts costs at least as much."""
+    """k 8's cost measured on steps that drafted far less than the tokens drafted per step the model counts (in the
+    bench: a 2 s probe's cost, later windows' drafts): moved down to k 1 by the price, its cost would fall below plain
+    decoding's; a step that verifies drafts costs at least as much."""
     price, batch = 0.002, 16
     plain = dataclasses.replace(_window(0, batch), decode_cost_sums=[100 * term for term in decode_cost_terms(
         batch, 0, FIXED + price * batch + OVERHEAD, 0.0)])
