@@ -321,7 +321,8 @@ class GoodputModel:
             return measured[k]
         drafting = [k0 for k0 in measured if k0 > 0]
         if k > 0 and drafting and self.price_per_draft_token(band) is not None:
-            k0 = min(drafting, key=lambda k0: abs(self.drafted_tokens(k0, band) - self.drafted_tokens(k, band)))
+            drafted = self.drafted_tokens(k, band)
+            k0 = min(drafting, key=lambda measured_k: abs(self.drafted_tokens(measured_k, band) - drafted))
             cost = self._verify_moved(measured[k0], k0, k, band)
         else:
             cost = self.bands[band].verify.at(k, lambda k0, cost: self._verify_moved(cost, k0, k, band))
