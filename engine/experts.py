@@ -45,6 +45,7 @@ class ExpertRuntime:
                                                 block.w1, block.w3, block.w2)
                        for phy2log, block in zip(self.placement, blocks)]
         self._counts = self._zero_counts(blocks[0].w1.device)
+        self._scratch: tuple[torch.Tensor, ...] | None = None   # one layer's slot weights, reused by replace()
 
     def __call__(self, block: MoEBlock, x: torch.Tensor) -> torch.Tensor:
         layer = self._layer[block]
@@ -61,33 +62,36 @@ class ExpertRuntime:
                           self.exchange.take_seconds())
 
     def replace(self, placement: list[list[int]]) -> None:
-        """Move expert weights so that each rank holds its slots under placement; every rank calls this."""
+        """Move expert weights so that each rank holds its slots under placement; every rank calls this.
+
+        The weights are rewritten in place, a layer at a time, through one layer-sized scratch kept between calls:
+        a switchback trial switches placement every few steps, and a fresh set of weights per switch left RSS
+        creeping up between the steps' activations."""
         spd, rank = self.topology.slots_per_device, self.exchange.rank
-        sends, receives, builders, fresh_layers = [], [], [], []
         for layer, (old, new) in enumerate(zip(self.placement, placement)):
             current = self._slots[layer]
-            fresh = [torch.empty_like(current.w1), torch.empty_like(current.w3), torch.empty_like(current.w2)]
-            fresh_layers.append(fresh)
+            weights = (current.w1, current.w3, current.w2)
+            if self._scratch is None:
+                self._scratch = tuple(torch.empty_like(w) for w in weights)
+            sends, receives = [], []
             for slot, expert in enumerate(new):
                 dest = slot // spd
                 holders = [s for s, e in enumerate(old) if e == expert]
                 source = next((s for s in holders if s // spd == dest), holders[0])
-                tag = layer * len(new) + slot
+                tags = [((layer * len(new) + slot) * 3) + part for part in range(3)]
                 if rank == source // spd == dest:
-                    for into, weights in zip(fresh, (current.w1, current.w3, current.w2)):
-                        into[slot - rank * spd] = weights[source - rank * spd]
+                    for into, weight in zip(self._scratch, weights):
+                        into[slot - rank * spd].copy_(weight[source - rank * spd])
                 elif rank == source // spd:
-                    sends.append((_pack(current, source - rank * spd), dest, tag))
+                    sends += [(weight[source - rank * spd], dest, tag) for weight, tag in zip(weights, tags)]
                 elif rank == dest:
-                    buffer = torch.empty(sum(w[0].numel() for w in fresh), dtype=current.w1.dtype,
-                                         device=current.w1.device)
-                    receives.append((buffer, source // spd, tag))
-                    builders.append((fresh, slot - rank * spd, buffer))
-        self.exchange.move(sends, receives)
-        for fresh, local_slot, buffer in builders:
-            _unpack(buffer, fresh, local_slot)
-        self._slots = [ExpertSlots(phy2log, spd, rank, self.num_experts, *fresh)
-                       for phy2log, fresh in zip(placement, fresh_layers)]
+                    receives += [(into[slot - rank * spd], source // spd, tag)
+                                 for into, tag in zip(self._scratch, tags)]
+            self.exchange.move(sends, receives)
+            for weight, moved in zip(weights, self._scratch):
+                weight.copy_(moved)
+        self._slots = [ExpertSlots(phy2log, spd, rank, self.num_experts, slots.w1, slots.w3, slots.w2)
+                       for phy2log, slots in zip(placement, self._slots)]
         self.placement = [list(phy2log) for phy2log in placement]
 
     def describe(self) -> dict:
@@ -102,14 +106,3 @@ class ExpertRuntime:
                           torch.zeros(layers, self.topology.num_slots, dtype=torch.long, device=device),
                           torch.zeros(layers, dtype=torch.long, device=device), 0.0)
 
-
-def _pack(slots: ExpertSlots, local_slot: int) -> torch.Tensor:
-    return torch.cat([slots.w1[local_slot].flatten(), slots.w3[local_slot].flatten(), slots.w2[local_slot].flatten()])
-
-
-def _unpack(buffer: torch.Tensor, weights: list[torch.Tensor], local_slot: int) -> None:
-    start = 0
-    for tensor in weights:
-        size = tensor[local_slot].numel()
-        tensor[local_slot] = buffer[start:start + size].view_as(tensor[local_slot])
-        start += size

@@ -14,6 +14,8 @@ _LEGACY_EXPERT = re.compile(r"model\.layers\.(\d+)\.block_sparse_moe\.experts\.(
 
 
 def load_transformer(folder: Path, device: torch.device, dtype: torch.dtype) -> Transformer:
+    """The model for serving: in eval mode, its parameters needing no gradient (slices of them, such as an
+    expert-parallel rank's slots, would otherwise keep autograd graphs, and with them the whole tensors, alive)."""
     spec = ModelSpec.from_folder(folder)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -29,7 +31,7 @@ def load_transformer(folder: Path, device: torch.device, dtype: torch.dtype) -> 
     if spec.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.rotary = type(model.rotary)(spec)
-    return model.to(device).eval()
+    return model.to(device).eval().requires_grad_(False)
 
 
 def _read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:

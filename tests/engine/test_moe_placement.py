@@ -61,6 +61,21 @@ def test_live_replacement_with_replicas_keeps_outputs_and_requests(moe_models, p
     assert engine.experts.placement == REPLICATED
 
 
+def test_switching_placement_back_and_forth_rewrites_the_same_weights_and_keeps_no_graph(moe_models, prompts,
+                                                                                         reference):
+    """A switchback trial switches placement every few steps for minutes: each switch must reuse the slots' memory
+    (a fresh set per switch grew the worker's RSS by gigabytes an hour) and record no autograd history."""
+    engine = engine_with_spares(moe_models, EngineConfig(spec_method="ngram"))
+    before = [(s.w1.data_ptr(), s.w3.data_ptr(), s.w2.data_ptr()) for s in engine.experts._slots]
+    identity = engine.experts.placement
+    for placement in (REPLICATED, identity, REPLICATED, identity):
+        engine.experts.replace(placement)
+    slots = engine.experts._slots
+    assert [(s.w1.data_ptr(), s.w3.data_ptr(), s.w2.data_ptr()) for s in slots] == before
+    assert not any(w.requires_grad or w.grad_fn is not None for s in slots for w in (s.w1, s.w3, s.w2))
+    assert generate(engine, prompts, PARAMS) == reference
+
+
 def test_pairs_of_a_replicated_expert_are_split_over_its_replicas(moe_models, prompts):
     engine = engine_with_spares(moe_models, EngineConfig(spec_method="off", placement=REPLICATED))
     generate(engine, prompts, SamplingParams(max_tokens=1, temperature=0.0))  # one forward: the prefill
