@@ -45,10 +45,14 @@ class ServedProcess:
 
     def rss_bytes(self) -> int:
         """Resident memory of the server process (its expert-parallel workers are counted apart)."""
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS in /proc/<pid>/status")
+        return _rss_bytes(self.process.pid)
+
+    def rank_rss_bytes(self) -> dict[str, int]:
+        """Resident memory per expert-parallel rank: "rank 0" is the server, "rank 1".. its spawned workers in the
+        order they started (multiprocessing's resource tracker, also a child, is left out)."""
+        workers = sorted(pid for pid in _children(self.process.pid)
+                         if b"multiprocessing.spawn" in _cmdline(pid) and b"resource_tracker" not in _cmdline(pid))
+        return {f"rank {rank}": _rss_bytes(pid) for rank, pid in enumerate([self.process.pid, *workers])}
 
     def metric(self, name: str, **labels: str) -> float:
         """The value of the sample of `name` on /metrics that carries these labels (and any model)."""
@@ -73,3 +77,22 @@ class ServedProcess:
 
     def __exit__(self, *_exc) -> None:
         self.close()
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return b""

@@ -1,15 +1,21 @@
-"""`governor bench soak`: N clients (half streaming, half not) for D minutes against a real `governor serve` on
-loopback, half of them leaving early on purpose. Reports errors other than those departures, TTFT and inter-token
-p50/p99 with 95% CIs of the means, the server's RSS every 10 s and its growth after warm-up, and KV blocks still
-in use once the clients stop. Writes soak.json and soak.png."""
+"""`governor bench soak`: the `make run` config (`governor serve --ep 2`, the controller running its trials; no demo
+traffic, whose endless requests would hold KV blocks past the clients) plus N clients (half streaming, half not) for D minutes on loopback, half of them leaving early on purpose.
+Reports errors other than those departures, TTFT and inter-token p50/p99 with 95% CIs of the means, every rank's RSS
+every 10 s and its growth after warm-up, the answers of every admin and dashboard endpoint polled throughout (any
+non-200 or JSON that a strict parser rejects), the controller's decisions, the console errors of the dashboard
+page in headless Chromium at the end, and KV blocks still in use once the clients stop. Writes soak.json and
+soak.png."""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
 import random
+import shutil
+import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,6 +29,11 @@ from engine.loadgen.prompts import prompt_set
 from governor.registry import DEFAULT_MODEL
 
 KV_IDLE_TIMEOUT = 30.0
+POLLED = ("/health", "/ready", "/metrics", "/admin/window", "/admin/config", "/admin/controller", "/admin/decisions",
+          "/admin/history", "/admin/trials", "/admin/alerts", "/admin/policy", "/dashboard/state")
+PAGE_SECONDS = 20.0
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run", "--disable-quic"]
 
 
 NAME = "soak"
@@ -32,12 +43,14 @@ HELP = ("N streaming and non-streaming clients for D minutes, half leaving early
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model to serve (default {DEFAULT_MODEL})")
-    parser.add_argument("--ep", type=report.int_in(1, 64), default=1, help="expert-parallel ranks (default 1)")
+    parser.add_argument("--ep", type=report.int_in(1, 64), default=2, help="expert-parallel ranks (default 2, as "
+                        "`make run` on >= 2 cores)")
     parser.add_argument("--clients", type=report.int_in(2, 4096), default=32, help="concurrent clients (default 32)")
-    parser.add_argument("--minutes", type=float, default=10.0, help="how long the clients run (default 10)")
+    parser.add_argument("--minutes", type=float, default=30.0, help="how long the clients run (default 30)")
     parser.add_argument("--max-tokens", type=report.int_in(1, 100_000), default=64,
                         help="tokens per request (default 64)")
-    parser.add_argument("--rss-every", type=float, default=10.0, help="seconds between RSS samples (default 10)")
+    parser.add_argument("--rss-every", type=float, default=10.0,
+                        help="seconds between RSS samples and endpoint polls (default 10)")
     parser.add_argument("--warmup-minutes", type=float, default=5.0,
                         help="RSS growth is measured after this (default 5; half the run if that is shorter)")
     parser.add_argument("--seed", type=int, default=0)
@@ -50,34 +63,96 @@ def run(args: argparse.Namespace) -> int:
         return 2
     report.progress(f"soak: starting governor serve --model {args.model} --ep {args.ep}")
     with ServedProcess(args.model, args.ep) as server:
-        rss: list[tuple[float, int]] = []
+        rss: list[tuple[float, dict[str, int]]] = []
+        polls: list[dict] = []
         stop = threading.Event()
-        sampler = threading.Thread(target=_sample_rss, args=(server, args.rss_every, rss, stop), daemon=True)
+        sampler = threading.Thread(target=_sample, args=(server, args.rss_every, rss, polls, stop), daemon=True)
         started = time.monotonic()
         sampler.start()
         requests = asyncio.run(_clients(server.url, args, started))
         stop.set()
         sampler.join()
+        page_errors = _dashboard_console_errors(server.url)
+        decisions = httpx.get(f"{server.url}/admin/decisions", params={"limit": 1000}, timeout=30).json()["decisions"]
         kv_in_use = _kv_blocks_after_idle(server)
-        rss.append((time.monotonic() - started, server.rss_bytes()))
+        rss.append((time.monotonic() - started, server.rank_rss_bytes()))
     result = _summary(args, requests, rss, kv_in_use)
+    result["endpoints"] = _endpoint_summary(polls)
+    result["decisions"] = {"count": len(decisions), "by_action": dict(Counter(d.get("action") for d in decisions))}
+    result["dashboard_console_errors"] = page_errors
     result["command"] = report.command("governor bench soak", args)
     result["machine"] = report.machine()
     report.write_json(args.out / "soak.json", result)
     report.save_figure(_figure(requests, rss), args.out / "soak.png")
-    print(json.dumps({key: result[key] for key in ("requests", "errors", "ttft_s", "inter_token_s", "rss",
+    print(json.dumps({key: result[key] for key in ("requests", "errors", "ttft_s", "inter_token_s", "endpoints",
+                                                   "decisions", "dashboard_console_errors",
                                                    "kv_blocks_in_use_after")}, indent=1))
+    print(json.dumps({rank: data["growth_after_warmup_ratio"] for rank, data in result["rss"].items()}))
     report.progress(f"soak: wrote {args.out / 'soak.json'} and {args.out / 'soak.png'}")
     return 0
 
 
-def _sample_rss(server: ServedProcess, every: float, samples: list, stop: threading.Event) -> None:
+def _sample(server: ServedProcess, every: float, rss: list, polls: list, stop: threading.Event) -> None:
+    """Every `every` seconds: each rank's RSS, then one GET of every polled endpoint."""
     started = time.monotonic()
-    while True:
-        samples.append((time.monotonic() - started, server.rss_bytes()))
-        report.progress(f"soak: t={samples[-1][0]:6.0f} s  RSS {samples[-1][1] / 2**20:7.1f} MiB")
-        if stop.wait(every):
-            return
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        while True:
+            rss.append((time.monotonic() - started, server.rank_rss_bytes()))
+            report.progress(f"soak: t={rss[-1][0]:6.0f} s  RSS " + "  ".join(
+                f"{rank} {size / 2**20:7.1f} MiB" for rank, size in rss[-1][1].items()))
+            polls.extend(_poll(client, path) for path in POLLED)
+            if stop.wait(every):
+                return
+
+
+def _poll(client: httpx.Client, path: str) -> dict:
+    """One GET: its status, and whether a JSON body parses strictly (NaN and Infinity are not JSON)."""
+    try:
+        response = client.get(path)
+    except httpx.HTTPError as error:
+        return {"path": path, "status": None, "problem": f"{type(error).__name__}: {error}"}
+    problem = None
+    if response.headers.get("content-type", "").startswith("application/json"):
+        try:
+            json.loads(response.text, parse_constant=_reject_constant)
+        except ValueError as error:
+            problem = f"not strict JSON: {error}"
+    return {"path": path, "status": response.status_code, "problem": problem}
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _endpoint_summary(polls: list[dict]) -> dict:
+    """Per endpoint: polls, and those that failed (no answer, 5xx, or JSON a strict parser rejects)."""
+    failed = [p for p in polls if p["status"] is None or p["status"] >= 500 or p["problem"]]
+    return {"polls": len(polls), "failed": len(failed),
+            "by_path": {path: dict(Counter(str(p["status"]) for p in polls if p["path"] == path)) for path in POLLED},
+            "failures": failed[:20]}
+
+
+def _dashboard_console_errors(url: str) -> dict:
+    """Open the operator page in headless Chromium for PAGE_SECONDS of live events and count its console errors and
+    uncaught exceptions (needs the test extra's Playwright and a Chromium binary; says so where either is missing)."""
+    chromium = shutil.which("chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return {"count": None, "reason": "playwright is not installed (pip install -e '.[test]')"}
+    if chromium is None:
+        return {"count": None, "reason": "no chromium binary on PATH"}
+    errors: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="governor-soak-chromium-") as profile, sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(profile, executable_path=chromium, headless=True,
+                                                                args=CHROMIUM_FLAGS)
+        page = context.new_page()
+        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(url)
+        page.wait_for_timeout(PAGE_SECONDS * 1000)
+        context.close()
+    return {"count": len(errors), "seconds": PAGE_SECONDS, "errors": errors[:20]}
 
 
 async def _clients(url: str, args: argparse.Namespace, started: float) -> list[Request]:
@@ -129,10 +204,9 @@ def _kv_blocks_after_idle(server: ServedProcess) -> float:
         time.sleep(0.5)
 
 
-def _summary(args, requests: list[Request], rss: list[tuple[float, int]], kv_in_use: float) -> dict:
+def _summary(args, requests: list[Request], rss: list[tuple[float, dict[str, int]]], kv_in_use: float) -> dict:
     streamed = [r for r in requests if r.streaming and r.ttft_s is not None]
     warmup = min(args.warmup_minutes * 60, args.minutes * 30)
-    after = [bytes_ for t, bytes_ in rss if t >= warmup]
     errors = [r for r in requests if r.outcome == "error"]
     return {
         "settings": {"clients": args.clients, "minutes": args.minutes, "max_tokens": args.max_tokens,
@@ -143,20 +217,31 @@ def _summary(args, requests: list[Request], rss: list[tuple[float, int]], kv_in_
         "errors": sorted({r.error for r in errors})[:20],
         "ttft_s": distribution([r.ttft_s for r in streamed]),
         "inter_token_s": distribution([gap for r in streamed for gap in r.itl_s]),
-        "rss": {"samples": [[round(t, 1), b] for t, b in rss],
-                "growth_after_warmup_ratio": (after[-1] - after[0]) / after[0] if len(after) >= 2 else None},
+        "rss": {rank: _rank_rss(rank, rss, warmup) for rank in rss[0][1]},
         "kv_blocks_in_use_after": kv_in_use,
         "records": [asdict(r) for r in requests],
     }
 
 
-def _figure(requests: list[Request], rss: list[tuple[float, int]]):
+def _rank_rss(rank: str, rss: list[tuple[float, dict[str, int]]], warmup: float) -> dict:
+    """One rank's samples, its RSS at the first sample after warm-up, and the largest rise above that after it."""
+    samples = [(t, sizes[rank]) for t, sizes in rss if rank in sizes]
+    after = [size for t, size in samples if t >= warmup]
+    return {"samples": [[round(t, 1), size] for t, size in samples],
+            "after_warmup_bytes": after[0] if after else None,
+            "growth_after_warmup_ratio": (max(after) - after[0]) / after[0] if len(after) >= 2 else None}
+
+
+def _figure(requests: list[Request], rss: list[tuple[float, dict[str, int]]]):
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(12, 4))
     memory, latency, outcomes = figure.subplots(1, 3)
-    memory.plot([t / 60 for t, _ in rss], [b / 2**20 for _, b in rss], marker="o")
-    memory.set(title="server RSS", xlabel="minutes", ylabel="MiB")
+    for rank in rss[0][1]:
+        memory.plot([t / 60 for t, sizes in rss if rank in sizes], [sizes[rank] / 2**20 for _, sizes in rss
+                                                                      if rank in sizes], marker="o", label=rank)
+    memory.set(title="RSS per rank", xlabel="minutes", ylabel="MiB")
+    memory.legend()
     streamed = [r for r in requests if r.ttft_s is not None]
     latency.scatter([r.started_s / 60 for r in streamed], [r.ttft_s for r in streamed], s=4, label="TTFT")
     latency.scatter([r.started_s / 60 for r in streamed if r.itl_s], [np.percentile(r.itl_s, 99) for r in streamed
