@@ -18,11 +18,11 @@ class ServingLimitsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         admission, bounds = self.admission, dict(self.limits)
-        for name in ("max_waiting_requests", "max_waiting_tokens"):
-            value = getattr(admission.limits, name)
+        for name, value in (("max_waiting_requests", admission.request_bound()),
+                            ("max_waiting_tokens", admission.limits.max_waiting_tokens)):
             if value is not None:
                 bounds[name] = value
-        limit = GaugeMetricFamily("governor_limit", "Configured serving limits (GOVERNOR_<LIMIT>)",
+        limit = GaugeMetricFamily("governor_limit", "Serving limits in force (GOVERNOR_<LIMIT>; max_waiting_requests as lowered by max_waiting_seconds)",
                                   labels=["model", "limit"])
         for name, value in sorted(bounds.items()):
             limit.add_metric([self.model, name], value)

@@ -1,6 +1,13 @@
-"""`governor bench overload`: many concurrent streaming requests at once against a real `governor serve`: how many
-are admitted and how many refused (429), any 5xx, /health latency throughout, and the admitted requests' TTFT and
-inter-token latency beside the policy's SLO. Writes overload.json and overload.png."""
+"""`governor bench overload` against a real `governor serve`, /health probed throughout from a process of its own.
+
+--mode retry (the default): closed-loop streaming clients in three arms of --seconds each, in the order capacity,
+overload, capacity: --clients clients, then --factor times as many that retry --retry-ms after each 429 (ignoring
+its Retry-After, as impatient clients do), then --clients again. Reports each arm's admitted throughput, the overload
+arm's over the mean of the two capacity arms around it, and the admitted requests' TTFT and inter-token p99 beside
+the policy's SLO. Writes overload-retry.json and overload-retry.png.
+
+--mode burst: --requests streaming requests at once: how many are admitted and how many refused (429), any 5xx, and
+the admitted requests' latency beside the SLO. Writes overload.json and overload.png."""
 from __future__ import annotations
 
 import argparse
@@ -28,12 +35,21 @@ PROBER_START_SECONDS = 60
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mode", choices=("retry", "burst"), default="retry",
+                        help="retry: fast-retrying clients past capacity (default); burst: many requests at once")
+    parser.add_argument("--clients", type=report.int_in(1, 4096), default=64,
+                        help="retry mode: closed-loop clients at capacity (default 64)")
+    parser.add_argument("--factor", type=report.int_in(2, 64), default=4,
+                        help="retry mode: the overload arm runs this many times --clients (default 4)")
+    parser.add_argument("--retry-ms", type=report.int_in(0, 60_000), default=50,
+                        help="retry mode: milliseconds a client waits after a 429 (default 50)")
+    parser.add_argument("--seconds", type=float, default=45.0, help="retry mode: seconds per arm (default 45)")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"model to serve (default {DEFAULT_MODEL})")
     parser.add_argument("--ep", type=report.int_in(1, 64), default=1, help="expert-parallel ranks (default 1)")
     parser.add_argument("--requests", type=report.int_in(1, 20_000), default=1000,
-                        help="requests sent at once (default 1000)")
-    parser.add_argument("--max-tokens", type=report.int_in(1, 100_000), default=256,
-                        help="tokens per request (default 256)")
+                        help="burst mode: requests sent at once (default 1000)")
+    parser.add_argument("--max-tokens", type=report.int_in(1, 100_000), default=None,
+                        help="tokens per request (default 256 in burst mode, 64 in retry mode)")
     parser.add_argument("--health-every", type=float, default=0.1, help="seconds between /health probes")
     parser.add_argument("--policy", default="default", help="the policy whose SLO the latency is held to")
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench"),
@@ -41,7 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.seconds <= 0:
+        print("governor bench overload: --seconds must be > 0")
+        return 2
     slo = load_policy(args.policy).slo
+    if args.mode == "retry":
+        args.max_tokens = args.max_tokens or 64
+        return _run_retry(args, slo)
+    args.max_tokens = args.max_tokens or 256
     report.progress(f"overload: starting governor serve --model {args.model} --ep {args.ep}")
     with ServedProcess(args.model, args.ep) as server:
         requests, health = asyncio.run(_overload(server.url, args))
@@ -75,6 +98,112 @@ def run(args: argparse.Namespace) -> int:
     report.save_figure(_figure(requests, health, slo.inter_token_p99_seconds), args.out / "overload.png")
     print(json.dumps({key: value for key, value in result.items() if key not in ("machine", "command")}, indent=1))
     return 0
+
+
+ARMS = ("capacity", "overload", "capacity")
+
+
+def _run_retry(args: argparse.Namespace, slo) -> int:
+    report.progress(f"overload: starting governor serve --model {args.model} --ep {args.ep}")
+    with ServedProcess(args.model, args.ep) as server:
+        arms, health = asyncio.run(_retry_arms(server.url, args))
+        limits = {name: server.metric("governor_limit", limit=name)
+                  for name in ("max_waiting_requests", "max_waiting_tokens", "max_num_seqs")}
+    summaries = [_arm_summary(name, records, seconds, health, span)
+                 for name, (records, seconds, span) in zip(ARMS, arms)]
+    capacity = np.mean([summaries[0]["admitted_per_s"], summaries[2]["admitted_per_s"]])
+    overload = summaries[1]
+    itl, ttft = overload["admitted_inter_token_s"], overload["admitted_ttft_s"]
+    result = {
+        "settings": {"clients": args.clients, "factor": args.factor, "retry_ms": args.retry_ms,
+                     "seconds": args.seconds, "max_tokens": args.max_tokens, "model": args.model, "ep": args.ep,
+                     "limits": limits},
+        "arms": summaries,
+        "admitted_throughput_ratio": overload["admitted_per_s"] / capacity if capacity else None,
+        "capacity_arms_ratio": (summaries[2]["admitted_per_s"] / summaries[0]["admitted_per_s"]
+                                if summaries[0]["admitted_per_s"] else None),
+        "slo": {"inter_token_p99_seconds": slo.inter_token_p99_seconds, "ttft_p99_seconds": slo.ttft_p99_seconds,
+                "inter_token_p99_within": None if itl is None or slo.inter_token_p99_seconds is None
+                else itl["p99"] <= slo.inter_token_p99_seconds,
+                "ttft_p99_within": None if ttft is None or slo.ttft_p99_seconds is None
+                else ttft["p99"] <= slo.ttft_p99_seconds},
+        "command": report.command("governor bench overload", args),
+        "machine": report.machine(),
+    }
+    report.write_json(args.out / "overload-retry.json", result)
+    report.save_figure(_retry_figure(summaries, health), args.out / "overload-retry.png")
+    print(json.dumps({key: value for key, value in result.items() if key not in ("machine", "command")}, indent=1))
+    return 0
+
+
+async def _retry_arms(url: str, args: argparse.Namespace):
+    """Each arm's records, its length in seconds and its (start, end) since the first arm began; /health samples."""
+    prompts = prompt_set("code", 128, seed=0, max_bytes=200)
+    most = args.clients * args.factor
+    limits = httpx.Limits(max_connections=most + 8, max_keepalive_connections=most)
+    started = time.monotonic()
+    arms = []
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600, connect=60), limits=limits) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        with HealthProber(url, args.health_every, started) as prober:
+            for name in ARMS:
+                clients = most if name == "overload" else args.clients
+                report.progress(f"overload: {name} arm, {clients} clients for {args.seconds:g} s")
+                begin = time.monotonic()
+                deadline = begin + args.seconds
+                records: list[Request] = []
+                await asyncio.gather(*(_retrying_client(client, model, prompts, i, args, deadline, records)
+                                       for i in range(clients)))
+                arms.append((records, time.monotonic() - begin, (begin - started, time.monotonic() - started)))
+        health = prober.samples
+    return arms, health
+
+
+async def _retrying_client(client: httpx.AsyncClient, model: str, prompts, index: int, args, deadline: float,
+                           records: list[Request]) -> None:
+    """Closed loop until the deadline: send, and after a 429 wait --retry-ms and send again."""
+    i = index
+    while time.monotonic() < deadline:
+        record = Request(index, True, False, time.monotonic())
+        await _one(client, model, prompts[i % len(prompts)], args.max_tokens, record)
+        record.e2e_s = time.monotonic() - record.started_s
+        records.append(record)
+        i += 1
+        if record.status == 429:
+            await asyncio.sleep(args.retry_ms / 1000)
+
+
+def _arm_summary(name: str, records: list[Request], seconds: float, health, span: tuple[float, float]) -> dict:
+    admitted = [r for r in records if r.status == 200 and r.outcome == "ok"]
+    statuses = Counter(r.status for r in records)
+    answered = [latency for t, latency in health if span[0] <= t <= span[1] and latency is not None]
+    return {"arm": name, "clients": len({r.client for r in records}), "seconds": seconds,
+            "statuses": {str(status): count for status, count in sorted(statuses.items(), key=str)},
+            "server_errors_5xx": sum(count for status, count in statuses.items() if status and status >= 500),
+            "admitted_per_s": len(admitted) / seconds, "refused_per_s": statuses.get(429, 0) / seconds,
+            "admitted_ttft_s": distribution([r.ttft_s for r in admitted if r.ttft_s is not None]),
+            "admitted_inter_token_s": distribution([gap for r in admitted for gap in r.itl_s]),
+            "admitted_e2e_s": distribution([r.e2e_s for r in admitted]),
+            "health_s": {**(distribution(answered) or {}), "max": max(answered, default=None),
+                         "failed": sum(latency is None for t, latency in health if span[0] <= t <= span[1])}}
+
+
+def _retry_figure(summaries: list[dict], health):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 4))
+    probe, throughput = figure.subplots(1, 2)
+    probe.plot([t for t, latency in health if latency is not None],
+               [latency * 1000 for _, latency in health if latency is not None])
+    probe.set(title="/health latency through the arms", xlabel="seconds", ylabel="ms")
+    labels = [f"{s['arm']}\n{s['clients']} clients" for s in summaries]
+    throughput.bar(labels, [s["admitted_per_s"] for s in summaries], label="admitted")
+    throughput.bar(labels, [s["refused_per_s"] for s in summaries], bottom=[s["admitted_per_s"] for s in summaries],
+                   color="tab:red", alpha=0.4, label="refused (429)")
+    throughput.set(title="requests per second", ylabel="requests/s", yscale="log")
+    throughput.legend()
+    figure.tight_layout()
+    return figure
 
 
 async def _overload(url: str, args: argparse.Namespace) -> tuple[list[Request], list[tuple[float, float]]]:

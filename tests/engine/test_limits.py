@@ -164,3 +164,72 @@ def test_the_prompt_token_bound_refuses_what_would_pass_it_and_started_requests_
     admission.started("a")                          # idempotent: a finish after the first token frees nothing more
     admission.admit("b", 100)
     assert (admission.waiting_requests, admission.waiting_tokens) == (1, 100)
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_request_bound_follows_littles_law_once_the_engine_is_the_bottleneck():
+    """20 requests leave the queue in 10 s while others wait: 2/s, so a 3 s wait holds 6; at light load (no one left
+    behind) no rate is measured and the fixed bound stands."""
+    clock = _Clock()
+    admission = Admission(AdmissionLimits(max_waiting_requests=64, max_waiting_seconds=3.0), clock=clock)
+    for i in range(30):
+        admission.admit(f"light{i}", 1)
+        admission.started(f"light{i}")                  # started at once: the queue was empty behind it
+    assert admission.departure_rate() is None and admission.request_bound() == 64
+    for i in range(21):
+        admission.admit(f"r{i}", 1)
+    for i in range(20):
+        clock.now += 0.5
+        admission.started(f"r{i}")
+    assert admission.departure_rate() == pytest.approx(2.0) and admission.request_bound() == 6
+    for i in range(5):
+        admission.admit(f"more{i}", 1)                  # 1 + 5 waiting: the bound is reached
+    with pytest.raises(Overloaded) as refused:
+        admission.refuse_if_full()
+    assert refused.value.reason == "requests_waiting" and "GOVERNOR_MAX_WAITING_SECONDS" in str(refused.value)
+    clock.now += 11                                     # the departures age out of the window
+    assert admission.departure_rate() is None and admission.request_bound() == 64
+
+
+def test_a_fast_engine_keeps_the_fixed_bound():
+    clock = _Clock()
+    admission = Admission(AdmissionLimits(max_waiting_requests=4, max_waiting_seconds=5.0), clock=clock)
+    for i in range(3):
+        admission.admit(f"r{i}", 1)
+    for i in range(40):
+        admission.admit(f"x{i}", 1)
+        clock.now += 0.1
+        admission.started(f"x{i}")                      # the r* requests stay behind: every departure is busy
+    assert admission.departure_rate() == pytest.approx(4.0)
+    assert admission.request_bound() == 4               # 4/s x 5 s = 20 waiting would still meet the SLO
+
+
+def test_a_refusal_for_a_full_queue_is_held_before_it_is_sent(moe_models):
+    serving, _ = _serve(moe_models, Admission(AdmissionLimits(max_waiting_requests=1, refusal_delay_seconds=0.4)),
+                        max_num_seqs=1)
+
+    async def scenario(url: str):
+        body = {"model": MODEL, "prompt": "import os\n", "max_tokens": 200, "ignore_eos": True}
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            tasks = [asyncio.create_task(client.post("/v1/completions", json=body))]
+            while _metric(url, 'governor_kv_blocks_in_use{model="governor-moe"}') == 0:
+                await asyncio.sleep(0.02)
+            tasks.append(asyncio.create_task(client.post("/v1/completions", json=body)))
+            while _metric(url, 'governor_waiting_requests{model="governor-moe"}') == 0:
+                await asyncio.sleep(0.02)
+            sent = time.perf_counter()
+            refused = await client.post("/v1/completions", json=body)
+            held = time.perf_counter() - sent
+            return refused, held, await asyncio.gather(*tasks)
+
+    with serving as url:
+        refused, held, admitted = asyncio.run(scenario(url))
+        assert refused.status_code == 429 and held >= 0.4
+        assert [r.status_code for r in admitted] == [200, 200]
