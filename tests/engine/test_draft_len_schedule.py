@@ -4,6 +4,7 @@ with the field named, over HTTP too."""
 import pytest
 from pydantic import ValidationError
 
+from engine.engine import Engine, RequestError
 from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, make_engine
 
@@ -90,3 +91,15 @@ def test_a_bad_schedule_is_refused_naming_the_field(schedule, loc, message):
         EngineConfig(draft_len_schedule=schedule)
     first = caught.value.errors()[0]
     assert first["loc"] == ("draft_len_schedule", *loc) and message in first["msg"]
+
+
+def test_a_schedule_that_drafts_with_a_draft_model_the_engine_lacks_is_refused(moe_models):
+    """draft_len 0 with a schedule whose bands draft still drafts: the check reads what the step drafts (the
+    largest k of any band), so such a config is refused up front instead of failing every step after it."""
+    engine = Engine(moe_models.target, moe_models.tokenizer, None, EngineConfig(spec_method="ngram"))
+    config = EngineConfig(version=1, spec_method="draft_model", draft_len=0, draft_len_schedule=((1, 4), (1024, 0)))
+    with pytest.raises(RequestError) as refused:
+        engine.apply(config)
+    assert refused.value.field == "spec_method"
+    assert engine.desired_config.spec_method == "ngram"
+    engine.apply(config.changed(draft_len_schedule=((1, 0), (1024, 0))))       # drafts nothing: plain decoding
