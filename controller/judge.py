@@ -169,14 +169,29 @@ class Verdict:
     def evidence(self) -> dict:
         """The figures a decision records as its inputs."""
         out = {k: v for k, v in asdict(self).items() if k not in ("comparison", "reason")}
-        out["comparison"] = None if self.comparison is None else {
-            "effect": round(self.comparison.effect, 4), "interval": [round(self.comparison.low, 4),
-                                                                     round(self.comparison.high, 4)],
-            "p_value": self.comparison.p_value}
+        out["comparison"] = None if self.comparison is None else self._comparison_evidence(self.comparison)
         out["test"] = ("Wilcoxon signed-rank test of paired log(candidate / incumbent) block ratios, adjusted by "
                        "batch_slope x log(candidate / incumbent mean decode batch size) (Theil-Sen) "
                        "(scipy.stats.wilcoxon); Hodges-Lehmann effect; interval by inverting the test")
         return out
+
+    def _comparison_evidence(self, comparison: Comparison) -> dict:
+        """A bound the test could not place (it rejects no ratio on that side: too few or too uneven pairs) is null,
+        and interval_note says so; an infinite one would be no JSON."""
+        unplaced = [side for side, bound in (("lower", comparison.low), ("upper", comparison.high))
+                    if not 0 < bound < math.inf]
+        evidence = {"effect": round(comparison.effect, 4),
+                    "interval": [None if "lower" in unplaced else round(comparison.low, 4),
+                                 None if "upper" in unplaced else round(comparison.high, 4)],
+                    "p_value": comparison.p_value}
+        if unplaced:
+            evidence["interval_note"] = (f"{' and '.join(unplaced)} bound unknown: at {self.look_confidence:.2%} the "
+                                         f"signed-rank test of {self.pairs} block pairs rejects no ratio beyond it")
+        return evidence
+
+
+def _bound_text(bound: float) -> str:
+    return f"{bound:.3f}" if 0 < bound < math.inf else "unknown"
 
 
 def same_tokens(incumbent: EngineConfig, candidate: EngineConfig) -> bool:
@@ -323,7 +338,8 @@ class SwitchbackJudge:
         if comparison is None:
             return f"{pairs} block pairs that can be tested after {blocks} blocks: inconclusive"
         measured = (f"candidate / incumbent {comparison.effect:.3f}x, {confidence:.2%} interval "
-                    f"[{comparison.low:.3f}, {comparison.high:.3f}], p = {comparison.p_value:.3g}, {pairs} block pairs "
+                    f"[{_bound_text(comparison.low)}, {_bound_text(comparison.high)}], p = {comparison.p_value:.3g}, "
+                    f"{pairs} block pairs "
                     f"(look {self._looked} of {self.looks})")
         verdicts = {BETTER: f"lower bound clears {self.keep_gain:.3f}x",
                     WORSE: f"upper bound below {self.keep_gain:.3f}x",

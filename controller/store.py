@@ -6,7 +6,6 @@ that leads by a lease sets `fence`: its writes then commit only while it still h
 from __future__ import annotations
 
 import datetime as dt
-import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,7 +18,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, Ope
     SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from seam import EngineConfig
+from seam import EngineConfig, strict_json
 
 
 def _now() -> dt.datetime:
@@ -148,7 +147,8 @@ class Store:
         self._write_checked: tuple[float, str | None] = (float("-inf"), None)
         self.fence: Callable[[Session], None] | None = None    # raises inside a write that must not commit
         try:
-            self.engine = create_engine(url, json_serializer=lambda v: json.dumps(v, default=str),
+            self.engine = create_engine(url, json_serializer=lambda v: strict_json.dumps(v, default=str),
+                                        json_deserializer=strict_json.loads,
                                         pool_pre_ping=not url.startswith("sqlite"))
             if url.startswith("sqlite"):
                 event.listen(self.engine, "connect", _sqlite_pragmas)

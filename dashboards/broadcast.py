@@ -3,8 +3,9 @@ once per second (in a worker thread), and at most max_clients streams are served
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Callable
+
+from seam import strict_json
 
 
 class Broadcast:
@@ -31,7 +32,7 @@ class Broadcast:
 
     async def _run(self) -> None:
         while self._clients:
-            event = f"data: {json.dumps(await asyncio.to_thread(self.build))}\n\n"
+            event = f"data: {strict_json.dumps(await asyncio.to_thread(self.build))}\n\n"
             for queue in list(self._clients):
                 if queue.full():
                     queue.get_nowait()

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from engine.abandon import whole_unless_abandoned
 from engine.admission import Overloaded
-from engine.api_common import APIError, bearer_guard, install_error_handlers, invalid_body
+from engine.api_common import APIError, FiniteJSONResponse, bearer_guard, install_error_handlers, invalid_body
 from engine.api_schema import served_requests
 from engine.edge import install_edge
 from engine.engine import Emission, Failure, RequestError
@@ -63,7 +63,7 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
     controller. A body over max_bytes gets 413 unread; a prompt over max_prompt_chars characters gets 400
     untokenized. health: the components beside the engine (controller, store) whose faults /health and /ready
     report."""
-    app = FastAPI(title="Governor", version="0.1.0")
+    app = FastAPI(title="Governor", version="0.1.0", default_response_class=FiniteJSONResponse)
     engine, tokenizer = service.engine, service.engine.tokenizer
     refusals = service.admission.refusals
     install_edge(app, service.admission, admin_token, max_body_bytes, GENERATION_PATHS, lambda: allowed_methods(app))

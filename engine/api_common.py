@@ -1,5 +1,5 @@
-"""What every HTTP router of the service shares: OpenAI-style error bodies, the field a pydantic error names, and
-the admin bearer-token guard."""
+"""What every HTTP router of the service shares: strict JSON responses, OpenAI-style error bodies, the field a
+pydantic error names, and the admin bearer-token guard."""
 from __future__ import annotations
 
 from fastapi import Depends, FastAPI, Request
@@ -11,6 +11,15 @@ from starlette.exceptions import HTTPException
 
 from engine.admission import Refusals
 from engine.edge import error_body, has_admin_token
+from seam import strict_json
+
+
+class FiniteJSONResponse(JSONResponse):
+    """Every JSON route's response class: a NaN or infinite float becomes null instead of failing the request with a
+    500 (Starlette refuses them, rightly, as not JSON)."""
+
+    def render(self, content) -> bytes:
+        return super().render(strict_json.finite(content))
 
 
 class APIError(Exception):

@@ -10,13 +10,13 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from controller.plane import ControlPlane
-from engine.api_common import install_error_handlers
+from engine.api_common import FiniteJSONResponse, install_error_handlers
 from engine.health import Health
 from engine.openapi import HEALTH, exact_openapi
 
 
 def create_control_app(plane: ControlPlane) -> FastAPI:
-    app = FastAPI(title="Governor controller", version="0.1.0")
+    app = FastAPI(title="Governor controller", version="0.1.0", default_response_class=FiniteJSONResponse)
     app.openapi = exact_openapi(app)
     install_error_handlers(app)
     health = Health({"controller": plane.fault, "store": plane.controller.store.fault})

@@ -1,6 +1,7 @@
 """The switchback judge on synthetic per-block samples: each of its outcomes, early stopping, drift cancelling, and
 its A/A error rate over many trials staying within 1 - confidence."""
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ from controller.judge import (BETTER, FUTILE, INCONCLUSIVE, MOVED_PAIRS, NO_DIFF
                               compare, look_shares, paired_log_ratios, same_tokens)
 from engine.switchback import ORDER
 from policies import JudgePolicy
-from seam import Block, EngineConfig
+from seam import Block, EngineConfig, strict_json
 
 SETTINGS = JudgePolicy(confidence=0.99, min_samples=8, max_blocks=96, margin=0.03)
 
@@ -307,3 +308,22 @@ def test_a_trial_whose_load_left_the_batch_sizes_it_changes_ends_at_once():
     verdict = judge.look()
     assert judge.load_moved() and verdict.outcome == INCONCLUSIVE and verdict.blocks < SETTINGS.max_blocks
     assert "step alike" in verdict.reason and verdict.pairs == 4
+
+
+def test_a_bound_the_test_cannot_place_is_null_with_its_note_and_the_evidence_is_strict_json():
+    """4 block pairs: the exact signed-rank test's smallest one-sided p is 1/16, so at 95% it rejects no ratio on
+    either side and the interval is (0, inf); it is recorded as unknown, never as Infinity."""
+    settings = JudgePolicy(confidence=0.95, min_samples=4, max_blocks=8, margin=0.03)
+    judge = SwitchbackJudge(settings, 1.0)
+    judge.add(blocks(1.0, 0.2, 8, np.random.default_rng(0)))
+    judgment = judge.look()
+    assert judgment.pairs == 4 and (judgment.comparison.low, judgment.comparison.high) == (0.0, math.inf)
+    comparison = judgment.evidence()["comparison"]
+    assert comparison["interval"] == [None, None]
+    assert "lower and upper bound unknown" in comparison["interval_note"] and "4 block pairs" in comparison["interval_note"]
+    assert "interval [unknown, unknown]" in judgment.reason and "inf" not in judgment.reason
+    json.loads(strict_json.dumps(judgment.evidence()), parse_constant=_no_constant)
+
+
+def _no_constant(name: str):
+    raise AssertionError(f"{name} is not JSON")

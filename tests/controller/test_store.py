@@ -91,3 +91,19 @@ def test_two_writers_at_once_keep_versions_trials_and_alerts_whole(store_url):
     outcomes = {row["id"]: row["outcome"] for row in first.rows(Trial, 100)}
     assert all(outcomes[t] == ("by-first" if t in finished["first"] else "by-second") for t in trials)
     assert first.count(AlertRecord) == 6 and alert_ids["first"] == alert_ids["second"]     # one row per alert
+
+
+def test_a_non_finite_statistic_is_stored_and_read_as_null(store_url):
+    store = Store(store_url)
+    store.record_decision("trial", "degenerate", inputs={"interval": [0.0, float("inf")], "p": float("nan"),
+                                                         "nested": [{"x": float("-inf")}]})
+    assert store.decisions(1)[0]["inputs"] == {"interval": [0.0, None], "p": None, "nested": [{"x": None}]}
+
+
+def test_an_older_sqlite_row_holding_infinity_is_read_as_null(tmp_path):
+    """Earlier versions wrote Python's json (Infinity, NaN) into SQLite's JSON text; such rows read back as null."""
+    store = Store(f"sqlite:///{tmp_path / 'governor.db'}")
+    store.record_decision("trial", "older", inputs={"interval": [0.0, 1.0]})
+    with store.engine.begin() as connection:
+        connection.exec_driver_sql("UPDATE governor_decisions SET inputs = '{\"interval\": [0.0, Infinity], \"p\": NaN}'")
+    assert store.decisions(1)[0]["inputs"] == {"interval": [0.0, None], "p": None}

@@ -2,16 +2,23 @@
 Chromium through Playwright: no console errors, charts filling with live data, refused and accepted actions."""
 from __future__ import annotations
 
+import json
+import math
 import os
 import sys
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import yaml
 from playwright.sync_api import Page, expect, sync_playwright
 
+from controller.judge import SwitchbackJudge
+from controller.store import Store
+from policies import JudgePolicy
 from tests.controller.test_alerts import _payload
+from tests.controller.test_judge import blocks
 from tests.dashboards.servers import Server, binary, free_port
 
 TOKEN = "web-test-admin-token"
@@ -25,8 +32,13 @@ QUIET_POLICY = {"window": {"seconds": 3600.0, "checks": 1}}
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("web")
+def folder(tmp_path_factory):
+    """The served process's folder: its policy and its store (governor.db)."""
+    return tmp_path_factory.mktemp("web")
+
+
+@pytest.fixture(scope="module")
+def served(folder):
     policy = folder / "policy.yaml"
     policy.write_text(yaml.safe_dump(QUIET_POLICY))
     port = free_port()
@@ -218,3 +230,42 @@ def test_every_control_is_labelled_and_keyboard_reachable(page):
     page.locator("#rollback").focus()
     outline = page.evaluate("(s => [s.outlineStyle, s.outlineWidth])(getComputedStyle(document.activeElement))")
     assert outline[0] != "none" and outline[1] != "0px"                  # visible focus
+
+
+def test_a_decision_with_non_finite_statistics_leaves_every_endpoint_and_the_page_strict_json(page, served, folder,
+                                                                                                problems):
+    """A judgment from 4 block pairs has the interval (0, inf), and rows an older version stored hold Infinity and
+    NaN: every admin and dashboard endpoint still answers 200 with strict JSON, the event stream too, and the page
+    takes the events without a console error."""
+    earlier_problems = len(problems)
+    judge = SwitchbackJudge(JudgePolicy(confidence=0.95, min_samples=4, max_blocks=8, margin=0.03), 1.0)
+    judge.add(blocks(1.0, 0.2, 8, np.random.default_rng(0)))
+    judgment = judge.look()
+    assert judgment.comparison.high == math.inf
+    store = Store(f"sqlite:///{folder / 'governor.db'}")
+    store.record_decision("trial", judgment.reason, inputs=judgment.evidence())
+    older = store.record_decision("trial", "written by an older version", inputs={})
+    with store.engine.begin() as connection:
+        connection.exec_driver_sql("UPDATE governor_decisions SET inputs = '{\"interval\": [0.0, Infinity], "
+                                   f"\"p\": NaN}}' WHERE id = {older}")
+    store.close()
+    for path in ("/admin/decisions", "/admin/trials", "/admin/history", "/admin/alerts", "/admin/controller",
+                 "/admin/config", "/admin/policy", "/admin/window", "/dashboard/state", "/health", "/ready"):
+        reply = httpx.get(f"{served}{path}", timeout=30)
+        # the quiet policy may not have closed a window yet: /admin/window then answers 404, in strict JSON too
+        assert reply.status_code == 200 or (path, reply.status_code) == ("/admin/window", 404), (path, reply.text)
+        json.loads(reply.text, parse_constant=_no_constant)
+    decisions = {d["reason"]: d for d in httpx.get(f"{served}/admin/decisions", params={"limit": 20}).json()["decisions"]}
+    assert decisions["written by an older version"]["inputs"] == {"interval": [0.0, None], "p": None}
+    assert decisions[judgment.reason]["inputs"]["comparison"]["interval"] == [None, None]
+    with httpx.stream("GET", f"{served}/dashboard/stream", timeout=30) as stream:
+        event = next(line for line in stream.iter_lines() if line.startswith("data: "))
+    state = json.loads(event.removeprefix("data: "), parse_constant=_no_constant)
+    assert any(d["reason"] == "written by an older version" for d in state["decisions"])
+    expect(page.locator("#decisions tbody")).to_contain_text("written by an older version", timeout=15_000)
+    page.wait_for_timeout(3000)                                     # a few more events
+    assert problems[earlier_problems:] == []
+
+
+def _no_constant(name: str):
+    raise AssertionError(f"{name} is not JSON")
