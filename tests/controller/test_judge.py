@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from controller.judge import (BETTER, FUTILE, INCONCLUSIVE, MOVED_PAIRS, NO_DIFFERENCE, WORSE, SwitchbackJudge,
+from controller.judge import (BETTER, FUTILE, INCONCLUSIVE, MIN_PAIRS_FOR_INTERVAL, MOVED_PAIRS, NO_DIFFERENCE, WORSE, SwitchbackJudge,
                               compare, look_shares, paired_log_ratios, same_tokens)
 from engine.switchback import ORDER
 from policies import JudgePolicy
@@ -63,6 +63,19 @@ def test_identical_arms_with_little_noise_are_no_difference():
 def test_identical_arms_under_heavy_noise_end_inconclusive_at_max_blocks():
     verdict = run(1.0, 0.4, np.random.default_rng(5))
     assert verdict.outcome == INCONCLUSIVE and verdict.blocks >= SETTINGS.max_blocks and verdict.look == verdict.looks
+
+
+@pytest.mark.parametrize("pairs", [MIN_PAIRS_FOR_INTERVAL - 1, MIN_PAIRS_FOR_INTERVAL])
+def test_an_interval_needs_min_pairs_even_when_every_pair_agrees(pairs):
+    settings = JudgePolicy(confidence=0.95, min_samples=pairs, max_blocks=2 * pairs, margin=0.03)
+    judge = SwitchbackJudge(settings, 1.0)
+    judge.add(blocks(1.5, 0.01, 2 * pairs, np.random.default_rng(13)))
+    verdict = judge.look()
+    if pairs < MIN_PAIRS_FOR_INTERVAL:
+        assert verdict.outcome == INCONCLUSIVE and verdict.comparison is None
+        assert "not enough evidence" in verdict.reason and verdict.evidence()["comparison"] is None
+    else:
+        assert verdict.outcome == BETTER and verdict.comparison.low > 1.0
 
 
 def test_a_trend_in_the_traffic_cancels_out():
