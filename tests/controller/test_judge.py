@@ -324,16 +324,16 @@ def test_a_trial_whose_load_left_the_batch_sizes_it_changes_ends_at_once():
 
 
 def test_a_bound_the_test_cannot_place_is_null_with_its_note_and_the_evidence_is_strict_json():
-    """4 block pairs: the exact signed-rank test's smallest one-sided p is 1/16, so at 95% it rejects no ratio on
-    either side and the interval is (0, inf); it is recorded as unknown, never as Infinity."""
-    settings = JudgePolicy(confidence=0.95, min_samples=4, max_blocks=8, margin=0.03)
+    """6 block pairs at 99%: the exact signed-rank test's smallest one-sided p, 1/64, is above 0.005, so it rejects
+    no ratio on either side and the interval is (0, inf); it is recorded as unknown, never as Infinity."""
+    settings = JudgePolicy(confidence=0.99, min_samples=6, max_blocks=12, margin=0.03)
     judge = SwitchbackJudge(settings, 1.0)
-    judge.add(blocks(1.0, 0.2, 8, np.random.default_rng(0)))
+    judge.add(blocks(1.0, 0.2, 12, np.random.default_rng(0)))
     judgment = judge.look()
-    assert judgment.pairs == 4 and (judgment.comparison.low, judgment.comparison.high) == (0.0, math.inf)
+    assert judgment.pairs == 6 and (judgment.comparison.low, judgment.comparison.high) == (0.0, math.inf)
     comparison = judgment.evidence()["comparison"]
     assert comparison["interval"] == [None, None]
-    assert "lower and upper bound unknown" in comparison["interval_note"] and "4 block pairs" in comparison["interval_note"]
+    assert "lower and upper bound unknown" in comparison["interval_note"] and "6 block pairs" in comparison["interval_note"]
     assert "interval [unknown, unknown]" in judgment.reason and "inf" not in judgment.reason
     json.loads(strict_json.dumps(judgment.evidence()), parse_constant=_no_constant)
 
