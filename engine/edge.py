@@ -63,10 +63,8 @@ def overloaded_response(error: Overloaded) -> JSONResponse:
 
 class AdmissionGate:
     """429 for a generation request while the waiting queue is full, before its body is read, held for the limits'
-    refusal_delay_seconds first: a client that retries as soon as it is refused then asks at most once per delay, so
-    under overload the refusals cost next to nothing and the server stays responsive for the requests it admitted
-    (256 clients retrying 50 ms after each immediate 429 sent ~1,000 requests/s and cut admitted throughput to a
-    third)."""
+    refusal_delay_seconds first (a client that retries as soon as it is refused then asks at most once per delay):
+    under overload the refusals cost next to nothing, so the server stays responsive for the requests it admitted."""
 
     def __init__(self, app: ASGIApp, admission: Admission, paths: frozenset[str]):
         self.app, self.admission, self.paths = app, admission, paths

@@ -106,9 +106,8 @@ def run_serve(args: argparse.Namespace) -> int:
     else:
         recovery = expert_parallel_recovery(engine, models.target_loader, settings.ep, settings.limits(),
                                             settings.redundant_experts)
-    max_waiting_seconds = settings.max_waiting_seconds or (policy.slo.ttft_p99_seconds if policy else None)
     admission = Admission(AdmissionLimits(settings.max_waiting_requests, settings.max_waiting_tokens,
-                                          settings.retry_after_seconds, max_waiting_seconds,
+                                          settings.retry_after_seconds, settings.max_waiting_seconds,
                                           settings.refusal_delay_seconds))
     # a service that gives up stops the server, which then exits non-zero (server is bound below, before any start)
     service = EngineService(engine, admission=admission, recovery=recovery,

@@ -29,12 +29,11 @@ class Settings(BaseSettings):
     default_max_tokens: int = Field(64, ge=1)
     max_waiting_requests: int = Field(64, ge=1, description="requests admitted and not yet started; past it, 429")
     max_waiting_tokens: int = Field(32768, ge=1, description="prompt tokens of those requests; past it, 429")
-    max_waiting_seconds: float | None = Field(None, gt=0, le=3600, description="size the request queue for this "
-                                              "wait at the measured start rate (Little's law); default: the policy's "
-                                              "slo.ttft_p99_seconds")
+    max_waiting_seconds: float | None = Field(None, gt=0, le=3600, description="lower max_waiting_requests to the "
+                                              "measured start rate times this (Little's law); unset: fixed bound")
     retry_after_seconds: int = Field(1, ge=1, le=3600, description="the Retry-After a 429 carries")
-    refusal_delay_seconds: float = Field(0.5, ge=0, le=60, description="a 429 for a full queue is answered after "
-                                         "this, so clients that retry at once cannot spend the CPU the engine needs")
+    refusal_delay_seconds: float = Field(0.0, ge=0, le=60, description="hold a 429 for a full queue this long "
+                                         "before sending it, so that clients retrying at once ask less often")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="a larger request body gets 413, unread")
     max_prompt_chars: int = Field(1 << 17, ge=1, description="a longer prompt gets 400, untokenized")
     max_sse_clients: int = Field(32, ge=1, description="dashboard event streams open at once; past it, 429")
