@@ -43,10 +43,14 @@ from seam import Block, EngineConfig
 BETTER, WORSE, NO_DIFFERENCE, FUTILE, INCONCLUSIVE = "better", "worse", "no_difference", "futile", "inconclusive"
 EXACT_UP_TO = 25      # pairs up to which the signed-rank test uses its exact null distribution
 MIN_PAIRS_TO_ADJUST = 8   # fewer pairs than this are not adjusted for batch size: a slope from them is mostly noise
-MIN_PAIRS_FOR_INTERVAL = 6   # fewer pairs than this get no interval: the exact signed-rank test's smallest one-sided
-                             # p is 2^-pairs (scipy.stats.wilcoxon, every pair agreeing), 0.031 at 5 pairs and 0.016
-                             # at 6, so below 6 no 95% interval (0.025 a side) excludes any ratio: [0, inf] says nothing
 MOVED_PAIRS = 8       # decoded pairs in a row that step alike: the load left the batch sizes a trial changes
+
+
+def min_pairs_for_interval(confidence: float) -> int:
+    """Fewer pairs than this get no interval at confidence: the exact signed-rank test's smallest one-sided p is
+    2^-pairs (every pair agreeing), and while it is not below (1 - confidence) / 2 the test rejects no ratio on either
+    side, so the interval is (0, inf) and says nothing. 6 pairs at 95 %, 8 at 99 %, 9 at 99.5 %."""
+    return math.floor(math.log2(2 / (1 - confidence))) + 1
 
 
 @dataclass(frozen=True)
@@ -317,7 +321,7 @@ class SwitchbackJudge:
             return Verdict(None, reason, len(pairs), blocks, self._looked, self.looks, confidence, self.keep_gain)
         outcome = outcome or INCONCLUSIVE
         shown = confidence if look_alpha else self.settings.futility_confidence   # futile at a planned-out look
-        comparison = compare(ratios, shown) if len(pairs) >= MIN_PAIRS_FOR_INTERVAL else None
+        comparison = compare(ratios, shown) if len(pairs) >= min_pairs_for_interval(shown) else None
         reason = self._reason(outcome, comparison, shown, len(pairs), blocks)
         if moved and outcome == INCONCLUSIVE:
             reason += f" (the last {MOVED_PAIRS} pairs ran at batch sizes where both configs step alike)"
@@ -339,8 +343,9 @@ class SwitchbackJudge:
 
     def _reason(self, outcome: str, comparison: Comparison | None, confidence: float, pairs: int, blocks: int) -> str:
         if comparison is None:
-            return (f"{pairs} block pairs that can be tested after {blocks} blocks (an interval needs "
-                    f"{MIN_PAIRS_FOR_INTERVAL}): {'not enough evidence, ' if outcome == INCONCLUSIVE else ''}{outcome}")
+            return (f"{pairs} block pairs that can be tested after {blocks} blocks (an interval at {confidence:.2%} "
+                    f"needs {min_pairs_for_interval(confidence)}): "
+                    f"{'not enough evidence, ' if outcome == INCONCLUSIVE else ''}{outcome}")
         measured = (f"candidate / incumbent {comparison.effect:.3f}x, {confidence:.2%} interval "
                     f"[{_bound_text(comparison.low)}, {_bound_text(comparison.high)}], p = {comparison.p_value:.3g}, "
                     f"{pairs} block pairs "

@@ -6,9 +6,10 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
-from controller.judge import (BETTER, FUTILE, INCONCLUSIVE, MIN_PAIRS_FOR_INTERVAL, MOVED_PAIRS, NO_DIFFERENCE, WORSE, SwitchbackJudge,
-                              compare, look_shares, paired_log_ratios, same_tokens)
+from controller.judge import (BETTER, FUTILE, INCONCLUSIVE, MOVED_PAIRS, NO_DIFFERENCE, WORSE, SwitchbackJudge,
+                              compare, look_shares, min_pairs_for_interval, paired_log_ratios, same_tokens)
 from engine.switchback import ORDER
 from policies import JudgePolicy
 from seam import Block, EngineConfig, strict_json
@@ -65,17 +66,40 @@ def test_identical_arms_under_heavy_noise_end_inconclusive_at_max_blocks():
     assert verdict.outcome == INCONCLUSIVE and verdict.blocks >= SETTINGS.max_blocks and verdict.look == verdict.looks
 
 
-@pytest.mark.parametrize("pairs", [MIN_PAIRS_FOR_INTERVAL - 1, MIN_PAIRS_FOR_INTERVAL])
-def test_an_interval_needs_min_pairs_even_when_every_pair_agrees(pairs):
-    settings = JudgePolicy(confidence=0.95, min_samples=pairs, max_blocks=2 * pairs, margin=0.03)
-    judge = SwitchbackJudge(settings, 1.0)
-    judge.add(blocks(1.5, 0.01, 2 * pairs, np.random.default_rng(13)))
+def agreeing_blocks(pairs: int, ratio: float, tied: bool = False) -> list[Block]:
+    """pairs ABBA pairs in which every candidate block beats its incumbent by about ratio, no two by the same amount
+    (the exact signed-rank test applies), or tied: two by two by the same amount (the test falls back to its normal
+    approximation, whose smallest one-sided p from 8 pairs is 0.0057)."""
+    out = []
+    for index in range(2 * pairs):
+        arm, pair = ORDER[index % 4], index // 2
+        step = pair // 2 if tied else pair
+        seconds = 0.2 / (ratio * (1 + 0.01 * step)) if arm == "candidate" else 0.2
+        out.append(Block(index, arm, 1, 4, 20, seconds, 0.01, decode_tokens=20, decode_seconds=seconds))
+    return out
+
+
+@pytest.mark.parametrize("confidence, needed", [(0.95, 6), (0.99, 8), (0.995, 9), (0.999, 11)])
+def test_the_minimum_for_an_interval_is_where_the_exact_test_first_rejects(confidence, needed):
+    smallest_p = {n: stats.wilcoxon(np.arange(1.0, n + 1), alternative="greater", method="exact").pvalue
+                  for n in (needed - 1, needed)}
+    assert smallest_p[needed - 1] >= (1 - confidence) / 2 > smallest_p[needed]
+    assert min_pairs_for_interval(confidence) == needed
+
+
+@pytest.mark.parametrize("confidence", [0.95, 0.99])
+@pytest.mark.parametrize("short", [1, 0])
+def test_an_interval_needs_the_minimum_of_its_confidence_even_when_every_pair_agrees(confidence, short):
+    pairs = min_pairs_for_interval(confidence) - short
+    judge = SwitchbackJudge(JudgePolicy(confidence=confidence, min_samples=pairs, max_blocks=2 * pairs), 1.0)
+    judge.add(agreeing_blocks(pairs, 1.5))
     verdict = judge.look()
-    if pairs < MIN_PAIRS_FOR_INTERVAL:
+    if short:
         assert verdict.outcome == INCONCLUSIVE and verdict.comparison is None
         assert "not enough evidence" in verdict.reason and verdict.evidence()["comparison"] is None
+        assert f"needs {pairs + 1}" in verdict.reason
     else:
-        assert verdict.outcome == BETTER and verdict.comparison.low > 1.0
+        assert verdict.outcome == BETTER and verdict.comparison.low > 1.0 and verdict.comparison.high < math.inf
 
 
 def test_a_trend_in_the_traffic_cancels_out():
@@ -324,16 +348,16 @@ def test_a_trial_whose_load_left_the_batch_sizes_it_changes_ends_at_once():
 
 
 def test_a_bound_the_test_cannot_place_is_null_with_its_note_and_the_evidence_is_strict_json():
-    """6 block pairs at 99%: the exact signed-rank test's smallest one-sided p, 1/64, is above 0.005, so it rejects
-    no ratio on either side and the interval is (0, inf); it is recorded as unknown, never as Infinity."""
-    settings = JudgePolicy(confidence=0.99, min_samples=6, max_blocks=12, margin=0.03)
-    judge = SwitchbackJudge(settings, 1.0)
-    judge.add(blocks(1.0, 0.2, 12, np.random.default_rng(0)))
+    """8 tied block pairs at 99 %: enough for an interval by the exact test, but ties send it to the normal
+    approximation, whose smallest one-sided p (0.0057) is above 0.005, so it rejects no ratio on either side and the
+    interval is (0, inf); it is recorded as unknown, never as Infinity."""
+    judge = SwitchbackJudge(JudgePolicy(confidence=0.99, min_samples=8, max_blocks=16, margin=0.03), 1.0)
+    judge.add(agreeing_blocks(8, 1.5, tied=True))
     judgment = judge.look()
-    assert judgment.pairs == 6 and (judgment.comparison.low, judgment.comparison.high) == (0.0, math.inf)
+    assert judgment.pairs == 8 and (judgment.comparison.low, judgment.comparison.high) == (0.0, math.inf)
     comparison = judgment.evidence()["comparison"]
     assert comparison["interval"] == [None, None]
-    assert "lower and upper bound unknown" in comparison["interval_note"] and "6 block pairs" in comparison["interval_note"]
+    assert "lower and upper bound unknown" in comparison["interval_note"] and "8 block pairs" in comparison["interval_note"]
     assert "interval [unknown, unknown]" in judgment.reason and "inf" not in judgment.reason
     json.loads(strict_json.dumps(judgment.evidence()), parse_constant=_no_constant)
 

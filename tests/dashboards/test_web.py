@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 import yaml
 from playwright.sync_api import Page, expect, sync_playwright
@@ -18,7 +17,7 @@ from controller.judge import SwitchbackJudge
 from controller.store import Store
 from policies import JudgePolicy
 from tests.controller.test_alerts import _payload
-from tests.controller.test_judge import blocks
+from tests.controller.test_judge import agreeing_blocks
 from tests.dashboards.servers import Server, binary, free_port
 
 TOKEN = "web-test-admin-token"
@@ -234,12 +233,12 @@ def test_every_control_is_labelled_and_keyboard_reachable(page):
 
 def test_a_decision_with_non_finite_statistics_leaves_every_endpoint_and_the_page_strict_json(page, served, folder,
                                                                                                 problems):
-    """A judgment from 6 block pairs at 99% has the interval (0, inf), and rows an older version stored hold Infinity and
+    """A judgment from 8 tied block pairs at 99% has the interval (0, inf), and rows an older version stored hold Infinity and
     NaN: every admin and dashboard endpoint still answers 200 with strict JSON, the event stream too, and the page
     takes the events without a console error."""
     earlier_problems = len(problems)
-    judge = SwitchbackJudge(JudgePolicy(confidence=0.99, min_samples=6, max_blocks=12, margin=0.03), 1.0)
-    judge.add(blocks(1.0, 0.2, 12, np.random.default_rng(0)))
+    judge = SwitchbackJudge(JudgePolicy(confidence=0.99, min_samples=8, max_blocks=16, margin=0.03), 1.0)
+    judge.add(agreeing_blocks(8, 1.5, tied=True))
     judgment = judge.look()
     assert judgment.comparison.high == math.inf
     store = Store(f"sqlite:///{folder / 'governor.db'}")
