@@ -111,6 +111,9 @@ class PlacementPolicy(_Section):
     cooldown_windows: int = Field(20, ge=0, description="windows between two re-placements")
     migration_stall_seconds: float = Field(1.0, ge=0.0, description="serving pause one re-placement costs")
     payback_windows: int = Field(10, ge=1, description="windows over which a re-placement must earn its stall back")
+    heat_shift: float = Field(0.15, gt=0.0, le=1.0, description=(
+        "after a re-placement trial that did not keep its placement, the share of routed tokens that must have moved "
+        "to other experts (total variation distance of the expert heat, mean over layers) before the next one"))
 
 
 class IntRange(_Section):

@@ -1,5 +1,10 @@
 """The capacity-factor and placement rules, on the engine's own Window and EngineConfig."""
-from controller.rule_policy import RulePolicy
+import numpy as np
+import pytest
+
+from controller.calibration import Calibration
+from controller.judge import INCONCLUSIVE
+from controller.rule_policy import RulePolicy, heat_moved
 from engine.placement import Topology, check_placement
 from policies import parse_policy
 from seam import EngineConfig, LatencySummary, Window
@@ -49,11 +54,10 @@ PLACEMENT = parse_policy({"placement": {"rebalance_below": 0.8, "cooldown_window
 HOT = [[900, 800, 700, 600, 10, 20, 30, 40]]
 
 
-def _skewed() -> Window:
-    slots = HOT
-    ranks = [[sum(HOT[0][:4]), sum(HOT[0][4:])]]
+def _skewed(heat=HOT) -> Window:
+    ranks = [[sum(heat[0][:4]), sum(heat[0][4:])]]
     balance = (sum(ranks[0]) / 2) / max(ranks[0])
-    return _window(expert_tokens=HOT, slot_tokens=slots, rank_tokens=ranks, balance=balance)
+    return _window(expert_tokens=heat, slot_tokens=heat, rank_tokens=ranks, balance=balance)
 
 
 def test_skewed_heat_re_places_experts_with_the_planner_and_predicts_the_gain():
@@ -61,7 +65,63 @@ def test_skewed_heat_re_places_experts_with_the_planner_and_predicts_the_gain():
     assert proposal.kind == "placement"
     check_placement(proposal.config.placement, Topology(1, 2, 4), num_layers=1, num_experts=8)
     assert proposal.inputs["predicted_balancedness"] > 0.95 > proposal.inputs["balancedness"]
-    assert proposal.predicted_gain == proposal.inputs["predicted_balancedness"] / proposal.inputs["balancedness"]
+    assert proposal.raw_gain == proposal.inputs["predicted_balancedness"] / proposal.inputs["balancedness"]
+    assert proposal.predicted_gain == proposal.raw_gain, "no trial has calibrated the what-if yet"
+
+
+def test_the_re_placement_what_if_is_calibrated_by_what_its_trials_measured():
+    """Trials that predicted a re-placement's gain and measured none shrink the next prediction, until the saving no
+    longer earns back the stall."""
+    stall = parse_policy({"placement": {"migration_stall_seconds": 5.0}, "speculation": {"reprobe_windows": 1000}})
+    calibration = Calibration()
+    raw = RulePolicy(stall, calibration=calibration).propose(EngineConfig(spec_method="off"), _skewed(), 1).raw_gain
+    calibration.record("placement", raw, raw, 1.0)
+    once = RulePolicy(stall, calibration=calibration).propose(EngineConfig(spec_method="off"), _skewed(), 1)
+    assert once.raw_gain == raw and 1.0 < once.predicted_gain < raw
+    assert f"calibrated {once.predicted_gain:.3f}x" in once.reason
+    for _ in range(20):
+        calibration.record("placement", raw, once.predicted_gain, 1.0)
+    assert RulePolicy(stall, calibration=calibration).propose(EngineConfig(spec_method="off"), _skewed(), 1) is None
+
+
+# HOT, with every expert's tokens a little off: routing noise, not a move (5 % of tokens elsewhere)
+NOISY = [[870, 830, 680, 620, 14, 16, 36, 34]]
+# the heat moved to rank 1's experts
+MOVED = [[10, 20, 30, 40, 900, 800, 700, 600]]
+
+
+@pytest.mark.parametrize("outcome", [INCONCLUSIVE, "no_difference", "reverted"])
+def test_a_re_placement_not_kept_is_not_proposed_again_until_the_heat_moves(outcome):
+    policy = RulePolicy(PLACEMENT)
+    first = policy.propose(EngineConfig(spec_method="off"), _skewed(), 1)
+    policy.finished(first, outcome, _skewed(), 2, 1.0)
+    later = 1 + 2 * max(PLACEMENT.placement.cooldown_windows, PLACEMENT.trial.retry_windows)
+    assert heat_moved(np.asarray(HOT, float), np.asarray(NOISY, float)) < PLACEMENT.placement.heat_shift
+    assert policy.propose(EngineConfig(spec_method="off"), _skewed(), later) is None
+    assert policy.propose(EngineConfig(spec_method="off"), _skewed(NOISY), later + 1) is None
+    moved = policy.propose(EngineConfig(spec_method="off"), _skewed(MOVED), later + 2)
+    assert moved.kind == "placement" and moved.config.placement != first.config.placement
+
+
+def test_a_kept_or_unmeasured_re_placement_holds_nothing_back_but_its_cooldown():
+    for outcome in ("kept", "unmeasured"):
+        policy = RulePolicy(PLACEMENT)
+        policy.finished(policy.propose(EngineConfig(spec_method="off"), _skewed(), 1), outcome, None, 2)
+        assert policy.propose(EngineConfig(spec_method="off"), _skewed(), 50).kind == "placement", outcome
+
+
+def test_a_released_pin_lifts_the_hold():
+    policy = RulePolicy(PLACEMENT)
+    policy.finished(policy.propose(EngineConfig(spec_method="off"), _skewed(), 1), INCONCLUSIVE, None, 2, 1.0)
+    policy.released(EngineConfig(spec_method="off"))
+    policy.state.last_mode_probe = 50                   # the probe the release brings forward has run
+    assert policy.propose(EngineConfig(spec_method="off"), _skewed(), 50).kind == "placement"
+
+
+def test_heat_moved_is_the_share_of_tokens_routed_elsewhere():
+    assert heat_moved(np.asarray([[1, 1, 0, 0]], float), np.asarray([[0, 0, 2, 2]], float)) == 1.0
+    assert heat_moved(np.asarray([[2, 2, 0, 0]], float), np.asarray([[1, 1, 1, 1]], float)) == 0.5
+    assert heat_moved(np.asarray([[1, 3], [0, 0]], float), np.asarray([[2, 6], [5, 5]], float)) == 0.0
 
 
 def test_re_placement_waits_for_its_cooldown_and_skips_balanced_or_unprofitable_cases():
