@@ -4,7 +4,9 @@
 overload, capacity: --clients clients, then --factor times as many that retry --retry-ms after each 429 (ignoring
 its Retry-After, as impatient clients do), then --clients again. Reports each arm's admitted throughput, the overload
 arm's over the mean of the two capacity arms around it, and the admitted requests' TTFT and inter-token p99 beside
-the policy's SLO. Writes overload-retry.json and overload-retry.png.
+the policy's SLO, both as the clients timed them and as the server's own TTFT histogram did (arrival at the engine to
+first token: what the client's figure adds is accepting, parsing and the client itself). Writes overload-retry.json
+and overload-retry.png.
 
 --mode burst: --requests streaming requests at once: how many are admitted and how many refused (429), any 5xx, and
 the admitted requests' latency beside the SLO. Writes overload.json and overload.png."""
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import multiprocessing
 import time
 from collections import Counter
@@ -109,8 +112,7 @@ def _run_retry(args: argparse.Namespace, slo) -> int:
         arms, health = asyncio.run(_retry_arms(server.url, args))
         limits = {name: server.metric("governor_limit", limit=name)
                   for name in ("max_waiting_requests", "max_waiting_tokens", "max_num_seqs")}
-    summaries = [_arm_summary(name, records, seconds, health, span)
-                 for name, (records, seconds, span) in zip(ARMS, arms)]
+    summaries = [_arm_summary(name, *arm, health=health) for name, arm in zip(ARMS, arms)]
     capacity = np.mean([summaries[0]["admitted_per_s"], summaries[2]["admitted_per_s"]])
     overload = summaries[1]
     itl, ttft = overload["admitted_inter_token_s"], overload["admitted_ttft_s"]
@@ -137,7 +139,8 @@ def _run_retry(args: argparse.Namespace, slo) -> int:
 
 
 async def _retry_arms(url: str, args: argparse.Namespace):
-    """Each arm's records, its length in seconds and its (start, end) since the first arm began; /health samples."""
+    """Each arm's records, its length in seconds, its (start, end) since the first arm began and the server's TTFT
+    histogram over it; /health samples."""
     prompts = prompt_set("code", 128, seed=0, max_bytes=200)
     most = args.clients * args.factor
     limits = httpx.Limits(max_connections=most + 8, max_keepalive_connections=most)
@@ -149,14 +152,40 @@ async def _retry_arms(url: str, args: argparse.Namespace):
             for name in ARMS:
                 clients = most if name == "overload" else args.clients
                 report.progress(f"overload: {name} arm, {clients} clients for {args.seconds:g} s")
+                before = await _ttft_buckets(client)
                 begin = time.monotonic()
                 deadline = begin + args.seconds
                 records: list[Request] = []
                 await asyncio.gather(*(_retrying_client(client, model, prompts, i, args, deadline, records)
                                        for i in range(clients)))
-                arms.append((records, time.monotonic() - begin, (begin - started, time.monotonic() - started)))
+                span = (begin - started, time.monotonic() - started)
+                after = await _ttft_buckets(client)
+                arms.append((records, time.monotonic() - begin, span,
+                             {bound: after[bound] - before.get(bound, 0) for bound in after}))
         health = prober.samples
     return arms, health
+
+
+async def _ttft_buckets(client: httpx.AsyncClient) -> dict[float, float]:
+    """The server's own time-to-first-token histogram (arrival at the engine to first token): cumulative count per
+    bucket bound, +Inf included."""
+    buckets = {}
+    for line in (await client.get("/metrics")).text.splitlines():
+        if line.startswith("governor_time_to_first_token_seconds_bucket{"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[float(bound)] = buckets.get(float(bound), 0.0) + float(line.rsplit(" ", 1)[1])
+    return buckets
+
+
+def _server_ttft(buckets: dict[float, float]) -> dict | None:
+    """What the server's histogram says of an arm's first tokens: how many, the bucket bound their p99 lies at or
+    under, and the share within each bound."""
+    total = buckets.get(math.inf, 0.0)
+    if not total:
+        return None
+    bounds = sorted(buckets)
+    return {"n": total, "p99_at_most": next(bound for bound in bounds if buckets[bound] >= 0.99 * total),
+            "share_within": {str(bound): buckets[bound] / total for bound in bounds if bound < math.inf}}
 
 
 async def _retrying_client(client: httpx.AsyncClient, model: str, prompts, index: int, args, deadline: float,
@@ -173,7 +202,8 @@ async def _retrying_client(client: httpx.AsyncClient, model: str, prompts, index
             await asyncio.sleep(args.retry_ms / 1000)
 
 
-def _arm_summary(name: str, records: list[Request], seconds: float, health, span: tuple[float, float]) -> dict:
+def _arm_summary(name: str, records: list[Request], seconds: float, span: tuple[float, float],
+                 ttft_buckets: dict[float, float], health) -> dict:
     admitted = [r for r in records if r.status == 200 and r.outcome == "ok"]
     statuses = Counter(r.status for r in records)
     answered = [latency for t, latency in health if span[0] <= t <= span[1] and latency is not None]
@@ -182,6 +212,7 @@ def _arm_summary(name: str, records: list[Request], seconds: float, health, span
             "server_errors_5xx": sum(count for status, count in statuses.items() if status and status >= 500),
             "admitted_per_s": len(admitted) / seconds, "refused_per_s": statuses.get(429, 0) / seconds,
             "admitted_ttft_s": distribution([r.ttft_s for r in admitted if r.ttft_s is not None]),
+            "server_ttft": _server_ttft(ttft_buckets),
             "admitted_inter_token_s": distribution([gap for r in admitted for gap in r.itl_s]),
             "admitted_e2e_s": distribution([r.e2e_s for r in admitted]),
             "health_s": {**(distribution(answered) or {}), "max": max(answered, default=None),

@@ -33,5 +33,18 @@ def test_the_ratio_is_the_overload_arm_over_the_capacity_arms(data):
     assert all(a["health_s"]["failed"] == 0 and a["health_s"]["n"] >= 1 for a in arms)
 
 
+def test_the_server_s_own_ttft_counts_each_arm_s_first_tokens(data):
+    """The server's histogram, differenced over each arm, counts that arm's first tokens, one per admitted request;
+    the server times a part of what the client does, so the client's median is past every bound under which fewer
+    than half the server's first tokens came."""
+    for arm in data["arms"]:
+        server = arm["server_ttft"]
+        assert server["n"] == arm["statuses"]["200"], arm["arm"]
+        shares = {float(bound): share for bound, share in server["share_within"].items()}
+        assert list(shares.values()) == sorted(shares.values()) and max(shares.values()) <= 1.0
+        below_half = [bound for bound, share in shares.items() if share < 0.5]
+        assert arm["admitted_ttft_s"]["p50"] >= max(below_half, default=0.0)
+
+
 def test_writes_a_plot(out):
     assert (out / "overload-retry.png").stat().st_size > 10_000
