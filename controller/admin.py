@@ -15,8 +15,8 @@ from controller.alerts import AlertIntake, AlertmanagerPayload
 from controller.clients import ApplyFailed, EngineClientError
 from controller.lease import Lease
 from controller.loop import Controller
-from engine.api_common import APIError, bearer_guard, invalid_body
-from engine.openapi import ERRORS, error, json_body
+from engine.server.api_common import APIError, bearer_guard, invalid_body
+from engine.server.openapi import ERRORS, error, json_body
 from policies import Policy, PolicyError, load_policy, parse_policy, shipped_policies
 from seam import EngineConfig
 

@@ -22,7 +22,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstr
 from controller.clients import EngineClientError
 from controller.loop import Controller, PinHeld
 from controller.store import SETTLED
-from engine.api_schema import Text, no_lone_surrogates
+from engine.server.api_schema import Text, no_lone_surrogates
 from policies import AlertAction
 
 ACTIONS: tuple[str, ...] = AlertAction.__args__

@@ -12,8 +12,8 @@ from controller.judge import INCONCLUSIVE
 from controller.schedule import MAX_BAND, learned, schedule_text, with_bands, with_schedule
 from controller.strategy import PROBES, UNMEASURED, Proposal
 from controller.window_stats import tokens_per_busy_second
-from engine.placement import Topology, balancedness, tokens_per_device
-from engine.planner import plan_placement
+from seam.placement import Topology, balancedness, tokens_per_device
+from controller.planner import plan_placement
 from policies import Policy
 from seam import DraftLenSchedule, EngineConfig, Window, batch_band
 

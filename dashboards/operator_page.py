@@ -13,8 +13,8 @@ from fastapi.responses import FileResponse, HTMLResponse, StreamingResponse
 
 from controller.loop import Controller
 from dashboards.broadcast import Broadcast
-from engine.api_common import APIError
-from engine.live import LiveTelemetry
+from engine.server.api_common import APIError
+from engine.telemetry.live import LiveTelemetry
 from policies import shipped_policies
 from seam import EngineConfig
 

@@ -1,6 +1,6 @@
 """The engine: continuous batching with speculative decoding over a paged KV cache, one step at a time.
 
-Not thread-safe except apply() and snapshot(); engine.service drives it from one thread.
+Not thread-safe except apply() and snapshot(); engine.server.service drives it from one thread.
 """
 from __future__ import annotations
 
@@ -12,21 +12,21 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.batch import SequenceChunk, build_forward_batch
-from engine.drafters import Drafter, Drafts, ModelDrafter, NgramDrafter, shadow_lookups
-from engine.ep import ExpertParallel
-from engine.experts import ExpertRuntime, StepCounts, drop_logical_experts, expert_topology
-from engine.kv_cache import BlockAllocator, KVCache
-from engine.limits import EngineLimits
-from engine.moe import LOCAL
-from engine.placement import PlacementError, Topology, check_placement, identity_placement, tokens_per_device
-from engine.sampling import probs_from_logits, uniforms
-from engine.scheduler import Scheduled, Scheduler
-from engine.sequence import Sequence
-from engine.switchback import ORDER, Switchback
-from engine.telemetry import StepRecord, Telemetry, TelemetrySink
-from engine.tokenizer import Tokenizer
-from engine.transformer import Transformer
+from engine.model.batch import SequenceChunk, build_forward_batch
+from engine.speculative.drafters import Drafter, Drafts, ModelDrafter, NgramDrafter, shadow_lookups
+from engine.moe.ep import ExpertParallel
+from engine.moe.experts import ExpertRuntime, StepCounts, drop_logical_experts, expert_topology
+from engine.model.kv_cache import BlockAllocator, KVCache
+from engine.runtime.limits import EngineLimits
+from engine.model.moe_layer import LOCAL
+from seam.placement import PlacementError, Topology, check_placement, identity_placement, tokens_per_device
+from engine.runtime.sampling import probs_from_logits, uniforms
+from engine.runtime.scheduler import Scheduled, Scheduler
+from engine.runtime.sequence import Sequence
+from engine.runtime.switchback import ORDER, Switchback
+from engine.telemetry.recorder import StepRecord, Telemetry, TelemetrySink
+from engine.model.tokenizer import Tokenizer
+from engine.model.transformer import Transformer
 from governor_kernels import verify_drafts
 from seam import EngineConfig, Experiment, SamplingParams, Window
 

@@ -3,7 +3,7 @@ config in use. It needs only a way to spawn a group and a way to give rank 0 bac
 not depend on how workers are started. A group torchrun launched is not rank 0's to respawn: its recovery gives up at
 once, so that `governor serve` exits non-zero and torchrun (--max-restarts) restarts the whole group.
 
-Requests in flight when a rank fails are failed by the caller (engine.service) before recovery starts; a step that
+Requests in flight when a rank fails are failed by the caller (engine.server.service) before recovery starts; a step that
 failed on rank 0 is recovered the same way, since its workers may be stuck half way through a forward.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections import deque
 from collections.abc import Callable
 
 from engine.engine import Engine
-from engine.ep import ExpertParallel, TargetLoader
-from engine.limits import EngineLimits
+from engine.moe.ep import ExpertParallel, TargetLoader
+from engine.runtime.limits import EngineLimits
 
 log = logging.getLogger(__name__)
 MAX_FAILED_RESPAWNS = 3

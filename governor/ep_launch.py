@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 import torch
 
-from engine.ep import serve_worker
-from engine.ep_channel import GroupMember, RankLaunchError
+from engine.moe.ep import serve_worker
+from engine.moe.ep_channel import GroupMember, RankLaunchError
 
 
 def torchrun_member(ep: int) -> GroupMember | None:

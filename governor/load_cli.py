@@ -10,9 +10,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from engine.loadgen import arrivals, prompts
-from engine.loadgen.phases import DEMO_FILE, Phase, PhaseFileError, load_phases
-from engine.loadgen.runner import LoadError, LoadResult, run_phases
+from governor.loadgen import arrivals, prompts
+from governor.loadgen.phases import DEMO_FILE, Phase, PhaseFileError, load_phases
+from governor.loadgen.runner import LoadError, LoadResult, run_phases
 
 QUICK_FLAGS = {
     "qps": "--qps",

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 
 from engine.factory import LoadedModels
-from engine.hf_folder import load_transformer
-from engine.model_spec import ModelFolderError
-from engine.tokenizer import load_tokenizer
-from engine.transformer import Transformer
+from engine.model.hf_folder import load_transformer
+from engine.model.model_spec import ModelFolderError
+from engine.model.tokenizer import load_tokenizer
+from engine.model.transformer import Transformer
 from governor.registry import DEFAULT_MODEL, MODELS, SHIPPED_NAMES
 
 

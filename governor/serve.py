@@ -15,20 +15,20 @@ from controller.counters import PrometheusCounters
 from controller.plane import build_control_plane, print_decision
 from controller.store import StoreError
 from dashboards.operator_page import create_dashboard_router
-from engine.admission import Admission, AdmissionLimits
-from engine.api import create_app
-from engine.ep import ExpertParallelError
-from engine.ep_channel import RankLaunchError
+from engine.server.admission import Admission, AdmissionLimits
+from engine.server.api import create_app
+from engine.moe.ep import ExpertParallelError
+from engine.moe.ep_channel import RankLaunchError
 from engine.factory import build_engine
-from engine.health import Health
-from engine.live import LiveTelemetry
-from engine.loadgen import load_phases, run_forever
-from engine.metrics import EngineMetrics
-from engine.model_spec import ModelFolderError
+from engine.server.health import Health
+from engine.telemetry.live import LiveTelemetry
+from governor.loadgen import load_phases, run_forever
+from engine.telemetry.metrics import EngineMetrics
+from engine.model.model_spec import ModelFolderError
 from engine.respawn import expert_parallel_recovery, torchrun_recovery
-from engine.service import EngineService
-from engine.serving_metrics import ServingLimitsCollector
-from engine.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
+from engine.server.service import EngineService
+from engine.server.serving_metrics import ServingLimitsCollector
+from engine.server.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
 from governor.control_cli import policy_or_none
 from governor.ep_launch import run_worker, torchrun_member
 from governor.loaders import load_models

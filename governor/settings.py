@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from engine.limits import EngineLimits
+from engine.runtime.limits import EngineLimits
 from governor.registry import DEFAULT_MODEL
 
 LIMITS = EngineLimits()

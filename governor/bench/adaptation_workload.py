@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.engine import Engine
-from engine.loadgen import prompt_set
+from governor.loadgen import prompt_set
 from seam import SamplingParams
 
 COPY, CODE, PROSE, MIXED = "copy", "code", "prose-hot", "mixed"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.placement import Topology
+from seam.placement import Topology
 
 
 def eplb_placement(heat: np.ndarray, topology: Topology, num_groups: int) -> list[list[int]]:

@@ -32,12 +32,12 @@ from scipy import stats
 
 from controller.judge import BETTER, WORSE, SwitchbackJudge, same_tokens
 from controller.window_stats import tokens_per_busy_second
-from engine.api import create_app
+from engine.server.api import create_app
 from engine.engine import Engine
-from engine.loadgen import Phase
-from engine.loadgen.runner import run_forever
-from engine.local_server import serving_in_thread
-from engine.service import EngineService
+from governor.loadgen import Phase
+from governor.loadgen.runner import run_forever
+from engine.server.local_server import serving_in_thread
+from engine.server.service import EngineService
 from governor.bench import report
 from governor.control_cli import policy_or_none
 from governor.loaders import load_models

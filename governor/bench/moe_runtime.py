@@ -17,9 +17,9 @@ import torch
 
 from engine.engine import Engine
 from engine.factory import build_engine
-from engine.limits import EngineLimits
-from engine.loadgen import prompt_set
-from engine.planner import plan_placement
+from engine.runtime.limits import EngineLimits
+from governor.loadgen import prompt_set
+from controller.planner import plan_placement
 from governor.bench import report
 from governor.loaders import load_models
 from governor.registry import DEFAULT_MODEL

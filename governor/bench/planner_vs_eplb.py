@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from engine.placement import Topology, identity_placement, placement_balancedness, slot_tokens, tokens_per_device
-from engine.planner import plan_placement
+from seam.placement import Topology, identity_placement, placement_balancedness, slot_tokens, tokens_per_device
+from controller.planner import plan_placement
 from governor.bench import report
 from governor.bench.eplb import eplb_placement
 

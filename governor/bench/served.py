@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.local_server import free_port
+from engine.server.local_server import free_port
 
 
 class ServedProcess:

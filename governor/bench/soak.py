@@ -25,7 +25,7 @@ import numpy as np
 from governor.bench import report
 from governor.bench.served import ServedProcess
 from governor.bench.streaming import Request, distribution, stream_request, whole_request
-from engine.loadgen.prompts import prompt_set
+from governor.loadgen.prompts import prompt_set
 from governor.registry import DEFAULT_MODEL
 
 KV_IDLE_TIMEOUT = 30.0

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from engine.engine import Engine
 from engine.factory import LoadedModels
-from engine.limits import EngineLimits
-from engine.loadgen import prompt_set
-from engine.metrics import EngineMetrics
-from engine.service import EngineService
-from engine.tracing import STEPS_PER_SPAN, StepSpans, traced_request
+from engine.runtime.limits import EngineLimits
+from governor.loadgen import prompt_set
+from engine.telemetry.metrics import EngineMetrics
+from engine.server.service import EngineService
+from engine.server.tracing import STEPS_PER_SPAN, StepSpans, traced_request
 from governor.bench import report
 from governor.loaders import load_models, pick_device
 from governor.registry import DEFAULT_MODEL

@@ -4,9 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from controller.plane import ControlPlane
-from engine.api import create_app
-from engine.local_server import serving_in_thread
-from engine.service import EngineService
+from engine.server.api import create_app
+from engine.server.local_server import serving_in_thread
+from engine.server.service import EngineService
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "test-admin-token"

@@ -9,7 +9,7 @@ import yaml
 from controller.clients import InProcessClient
 from controller.plane import build_control_plane
 from controller.store import AlertRecord, ConfigVersion, Decision
-from engine.service import EngineService
+from engine.server.service import EngineService
 from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 from tests.controller.server import AUTH, TOKEN, serving

@@ -10,7 +10,7 @@ import pytest
 from controller.clients import InProcessClient
 from controller.plane import build_control_plane
 from controller.store import AlertOutcome, AlertRecord, Decision, Rollback
-from engine.service import EngineService
+from engine.server.service import EngineService
 from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 from tests.controller.server import AUTH, TOKEN, serving

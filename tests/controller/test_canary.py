@@ -16,9 +16,9 @@ from controller.canary import FleetCanary
 from controller.clients import HttpClient
 from controller.loop import Controller
 from controller.store import Decision, Store, Trial
-from engine.api import create_app
-from engine.local_server import free_port
-from engine.service import EngineService
+from engine.server.api import create_app
+from engine.server.local_server import free_port
+from engine.server.service import EngineService
 from policies import parse_policy
 from seam import EngineConfig, Experiment
 from tests.controller.conftest import fast_policy

@@ -5,7 +5,7 @@ import httpx
 
 from controller.clients import HttpClient, InProcessClient
 from controller.window_stats import merge_windows
-from engine.service import EngineService
+from engine.server.service import EngineService
 from seam import EngineConfig, Experiment
 from tests.controller.server import TOKEN, serving
 from tests.controller.traffic import ClosedLoopTraffic, HttpTraffic

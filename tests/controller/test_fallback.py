@@ -4,7 +4,7 @@ pays (greedy code); no flapping back under stationary traffic (re-enable needs m
 import time
 
 from controller.store import Decision, Trial
-from engine.loadgen import prompt_set
+from governor.loadgen import prompt_set
 from seam import SamplingParams
 from tests.controller.conftest import fast_policy
 from tests.controller.traffic import GREEDY, ClosedLoopTraffic

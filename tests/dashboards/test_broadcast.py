@@ -7,10 +7,10 @@ import httpx
 
 from dashboards.broadcast import Broadcast
 from dashboards.operator_page import create_dashboard_router
-from engine.api import create_app
-from engine.live import LiveTelemetry
-from engine.local_server import serving_in_thread
-from engine.service import EngineService
+from engine.server.api import create_app
+from engine.telemetry.live import LiveTelemetry
+from engine.server.local_server import serving_in_thread
+from engine.server.service import EngineService
 from seam import EngineConfig
 from tests.engine.helpers import make_engine
 

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from controller.counters import PrometheusCounters
-from engine.metrics import EngineMetrics
+from engine.telemetry.metrics import EngineMetrics
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
 SUFFIXES = {"counter": ("",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}

@@ -19,7 +19,7 @@ import engine.respawn
 from controller.loop import Controller
 from governor.cli import main
 from engine.engine import Engine
-from engine.ep import ExpertParallelError
+from engine.moe.ep import ExpertParallelError
 
 SLOW_STEP_SECONDS = 0.6
 

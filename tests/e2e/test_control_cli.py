@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from controller.store import Decision, Store, Trial
-from engine.service import EngineService
+from engine.server.service import EngineService
 from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 from tests.controller.server import AUTH, ROOT, TOKEN, serving

@@ -13,13 +13,13 @@ from controller.plane import build_control_plane
 from controller.clients import InProcessClient
 from controller.store import ConfigVersion, Decision
 from dashboards.operator_page import create_dashboard_router
-from engine.api import create_app
+from engine.server.api import create_app
 from engine.engine import Engine
-from engine.limits import EngineLimits
-from engine.live import LiveTelemetry
-from engine.local_server import serving_in_thread
-from engine.metrics import EngineMetrics
-from engine.service import EngineService
+from engine.runtime.limits import EngineLimits
+from engine.telemetry.live import LiveTelemetry
+from engine.server.local_server import serving_in_thread
+from engine.telemetry.metrics import EngineMetrics
+from engine.server.service import EngineService
 from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 

@@ -9,7 +9,7 @@ import time
 import httpx
 import yaml
 
-from engine.local_server import free_port
+from engine.server.local_server import free_port
 from tests.controller.conftest import fast_policy
 from tests.controller.server import AUTH, ROOT, TOKEN
 from tests.controller.traffic import HttpTraffic

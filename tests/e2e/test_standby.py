@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from controller.store import AlertOutcome, Store, Trial
-from engine.local_server import free_port
-from engine.service import EngineService
+from engine.server.local_server import free_port
+from engine.server.service import EngineService
 from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 from tests.controller.server import AUTH, ROOT, TOKEN, serving

@@ -12,7 +12,7 @@ import httpx
 import torch
 
 from engine.engine import Engine
-from engine.limits import EngineLimits
+from engine.runtime.limits import EngineLimits
 from governor.loaders import load_models
 from seam import EngineConfig, SamplingParams
 from tests.dashboards.servers import Server, free_port

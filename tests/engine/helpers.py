@@ -2,7 +2,7 @@
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.engine import Engine
-from engine.limits import EngineLimits
+from engine.runtime.limits import EngineLimits
 from seam import EngineConfig, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -26,7 +26,7 @@ def generate(engine: Engine, prompts: list[list[int]], params=GREEDY, batch_size
 
 
 def code_prompts(tokenizer, n: int, max_bytes: int = 200, seed: int = 0) -> list[list[int]]:
-    from engine.loadgen import prompt_set
+    from governor.loadgen import prompt_set
 
     return [tokenizer.encode(p.text) for p in prompt_set("code", n, seed=seed, max_bytes=max_bytes)]
 

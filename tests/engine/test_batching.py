@@ -1,5 +1,5 @@
 """Continuous batching: batched equals unbatched; configs change between steps without losing requests."""
-from engine.limits import EngineLimits
+from engine.runtime.limits import EngineLimits
 from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import GREEDY, code_prompts, generate, make_engine
 

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-from engine.gguf import SOURCE_RECORD, cached_conversion, convert_gguf, smollm2_gguf_path
+from engine.model.gguf import SOURCE_RECORD, cached_conversion, convert_gguf, smollm2_gguf_path
 
 PROMPT = "The capital of France is"
 

@@ -2,9 +2,9 @@
 import torch
 
 from engine.engine import Engine
-from engine.sampling import probs_from_logits
-from engine.scheduler import Scheduled
-from engine.sequence import Sequence
+from engine.runtime.sampling import probs_from_logits
+from engine.runtime.scheduler import Scheduled
+from engine.runtime.sequence import Sequence
 from governor_kernels import verify_drafts
 from seam import SamplingParams
 

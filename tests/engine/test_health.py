@@ -7,11 +7,11 @@ import time
 import httpx
 
 from controller.store import WRITE_CHECK_SECONDS, Store
-from engine.api import create_app
-from engine.health import Health
-from engine.local_server import serving_in_thread
-from engine.metrics import EngineMetrics
-from engine.service import EngineService
+from engine.server.api import create_app
+from engine.server.health import Health
+from engine.server.local_server import serving_in_thread
+from engine.telemetry.metrics import EngineMetrics
+from engine.server.service import EngineService
 from seam import EngineConfig
 from tests.engine.helpers import make_engine, metric_value
 

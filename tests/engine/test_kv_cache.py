@@ -2,7 +2,7 @@
 import pytest
 
 from engine.engine import Failure
-from engine.kv_cache import BlockAllocator, OutOfBlocks
+from engine.model.kv_cache import BlockAllocator, OutOfBlocks
 from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import GREEDY, code_prompts, make_engine
 

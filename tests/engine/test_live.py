@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from engine.engine import Engine
-from engine.limits import EngineLimits
-from engine.live import HISTORY_SECONDS, SPAN_SECONDS, LiveTelemetry
-from engine.telemetry import StepRecord
+from engine.runtime.limits import EngineLimits
+from engine.telemetry.live import HISTORY_SECONDS, SPAN_SECONDS, LiveTelemetry
+from engine.telemetry.recorder import StepRecord
 from seam import EngineConfig
 from tests.engine.helpers import code_prompts, generate
 

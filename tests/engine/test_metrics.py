@@ -2,9 +2,9 @@
 import pytest
 
 from engine.engine import Engine
-from engine.limits import EngineLimits
-from engine.metrics import EngineMetrics
-from engine.telemetry import StepRecord
+from engine.runtime.limits import EngineLimits
+from engine.telemetry.metrics import EngineMetrics
+from engine.telemetry.recorder import StepRecord
 from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, generate
 

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from engine.moe import LOCAL, ExpertSlots, expert_ffn, moe_forward
+from engine.model.moe_layer import LOCAL, ExpertSlots, expert_ffn, moe_forward
 from governor_kernels.router import route_tokens
 from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, generate, make_engine

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from engine.batch import SequenceChunk, build_forward_batch
+from engine.model.batch import SequenceChunk, build_forward_batch
 from engine.engine import Engine
-from engine.ep import ExpertParallel
-from engine.limits import EngineLimits
+from engine.moe.ep import ExpertParallel
+from engine.runtime.limits import EngineLimits
 from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, generate
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from engine.engine import Engine, Failure
-from engine.ep import ExpertParallelError
+from engine.moe.ep import ExpertParallelError
 from engine.factory import build_engine
-from engine.limits import EngineLimits
+from engine.runtime.limits import EngineLimits
 from engine.respawn import GroupRecovery, RespawnBudget, RespawnsExhausted, expert_parallel_recovery
 from governor.loaders import load_models
 from seam import EngineConfig, SamplingParams

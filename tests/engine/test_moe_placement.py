@@ -5,8 +5,8 @@ import httpx
 import pytest
 
 from engine.engine import Engine, RequestError
-from engine.experts import expert_topology
-from engine.limits import EngineLimits
+from engine.moe.experts import expert_topology
+from engine.runtime.limits import EngineLimits
 from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, generate
 from tests.engine.test_api import TOKEN, server  # noqa: F401  (the loopback server fixture)

@@ -2,7 +2,7 @@
 import pytest
 
 from engine.engine import Engine
-from engine.limits import EngineLimits
+from engine.runtime.limits import EngineLimits
 from governor.loaders import load_models
 from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, generate

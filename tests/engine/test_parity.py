@@ -3,9 +3,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.batch import SequenceChunk, build_forward_batch
-from engine.hf_folder import load_transformer
-from engine.kv_cache import KVCache
+from engine.model.batch import SequenceChunk, build_forward_batch
+from engine.model.hf_folder import load_transformer
+from engine.model.kv_cache import KVCache
 from governor.loaders import default_cache_dir, model_folder
 
 TOLERANCE = 1e-4

@@ -6,10 +6,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from engine.batch import SequenceChunk, build_forward_batch
-from engine.kv_cache import KVCache
-from engine.limits import EngineLimits
-from engine.sampling import probs_from_logits
+from engine.model.batch import SequenceChunk, build_forward_batch
+from engine.model.kv_cache import KVCache
+from engine.runtime.limits import EngineLimits
+from engine.runtime.sampling import probs_from_logits
 from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import make_engine
 

@@ -42,7 +42,7 @@ def test_draft_len_zero_is_plain_decoding_on_the_same_path(moe_models, prompts, 
 
 
 def test_shipped_draft_acceptance_on_held_out_code_is_at_least_0_6_at_k4(moe_models):
-    from engine.training.data import stdlib_files
+    from governor.training.data import stdlib_files
 
     heldout = [path.read_bytes()[:160].decode("utf-8", "ignore") for path in stdlib_files("heldout")[:24]]
     prompts = [moe_models.tokenizer.encode(text) for text in heldout if text]

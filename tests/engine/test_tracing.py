@@ -13,13 +13,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from engine.api import create_app
+from engine.server.api import create_app
 from engine.engine import Engine
 from engine.factory import build_engine
-from engine.limits import EngineLimits
-from engine.local_server import serving_in_thread
-from engine.service import EngineService
-from engine.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
+from engine.runtime.limits import EngineLimits
+from engine.server.local_server import serving_in_thread
+from engine.server.service import EngineService
+from engine.server.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
 from seam import EngineConfig
 from tests.engine.helpers import code_prompts, generate
 
@@ -107,8 +107,8 @@ def test_every_nth_engine_step_is_a_span_timed_as_the_step(moe_models, tracer, e
 
 def test_tracing_is_off_by_default_and_loads_no_opentelemetry_sdk():
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    script = ("import sys, engine.api, governor.cli\n"
-              "from engine.tracing import tracer_provider_from_env\n"
+    script = ("import sys, engine.server.api, governor.cli\n"
+              "from engine.server.tracing import tracer_provider_from_env\n"
               "assert tracer_provider_from_env() is None\n"
               "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))))")
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)

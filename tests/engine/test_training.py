@@ -5,12 +5,12 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.hf_folder import load_transformer
-from engine.tokenizer import ByteTokenizer, load_tokenizer
+from engine.model.hf_folder import load_transformer
+from engine.model.tokenizer import ByteTokenizer, load_tokenizer
 
 
 def test_training_script_smoke_run_writes_loadable_models(tmp_path):
-    subprocess.run([sys.executable, "-m", "engine.training.train_bytelm", "--steps-target", "2", "--steps-draft", "2",
+    subprocess.run([sys.executable, "-m", "governor.training.train_bytelm", "--steps-target", "2", "--steps-draft", "2",
                     "--out", str(tmp_path)], check=True, timeout=600)
     for name in ("governor-moe", "governor-draft"):
         folder = tmp_path / name

@@ -8,7 +8,7 @@ import pytest
 
 from controller.goodput import GoodputModel
 from controller.window_stats import merge_windows, window_from_dict
-from engine.telemetry import StepRecord, Telemetry
+from engine.telemetry.recorder import StepRecord, Telemetry
 from seam import EngineConfig
 
 SCHEDULE = EngineConfig(spec_method="ngram", draft_len_schedule=((2, 8), (64, 2)))    # batch 1-2: k 8, above: k 2

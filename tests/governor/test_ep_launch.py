@@ -1,7 +1,7 @@
 """What `governor serve` makes of torchrun's environment, before it loads anything."""
 import pytest
 
-from engine.ep_channel import GroupMember, RankLaunchError
+from engine.moe.ep_channel import GroupMember, RankLaunchError
 from governor.cli import main
 from governor.ep_launch import warn_about_shared_store_restarts
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.placement import Topology, check_placement, placement_balancedness
+from seam.placement import Topology, check_placement, placement_balancedness
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAT = {"heat": [[120, 5, 7, 300, 9, 11, 40, 2], [0, 0, 0, 50, 0, 0, 0, 1]]}

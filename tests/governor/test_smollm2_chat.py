@@ -4,10 +4,10 @@ import importlib.util
 import openai
 import torch
 
-from engine.api import create_app
+from engine.server.api import create_app
 from engine.factory import build_engine
-from engine.local_server import serving_in_thread
-from engine.service import EngineService
+from engine.server.local_server import serving_in_thread
+from engine.server.service import EngineService
 from governor.loaders import load_models
 from governor.registry import SMOLLM2
 from seam import EngineConfig
