@@ -15,10 +15,10 @@ from controller.alerts import AlertIntake, AlertmanagerPayload
 from controller.clients import ApplyFailed, EngineClientError
 from controller.lease import Lease
 from controller.loop import Controller
-from engine.server.api_common import APIError, bearer_guard, invalid_body
-from engine.server.openapi import ERRORS, error, json_body
 from policies import Policy, PolicyError, load_policy, parse_policy, shipped_policies
 from seam import EngineConfig
+from seam.http import APIError, bearer_guard, invalid_body
+from seam.openapi import ERRORS, error, json_body
 
 MAX_PAGE = 1000         # rows one read returns at most
 Page = Annotated[int, Query(ge=1, le=MAX_PAGE, description="rows, newest first")]

@@ -16,14 +16,13 @@ import hashlib
 from collections.abc import Callable
 from typing import Annotated, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema,
-                      field_validator)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator
 
 from controller.clients import EngineClientError
 from controller.loop import Controller, PinHeld
 from controller.store import SETTLED
-from engine.server.api_schema import Text, no_lone_surrogates
 from policies import AlertAction
+from seam.http import Text, no_lone_surrogates
 
 ACTIONS: tuple[str, ...] = AlertAction.__args__
 BUILTIN_ALERT = "GovernorSLOBreach"

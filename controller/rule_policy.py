@@ -9,13 +9,13 @@ import numpy as np
 from controller.calibration import Calibration
 from controller.goodput import MIN_FIT_STEPS, GoodputModel
 from controller.judge import INCONCLUSIVE
+from controller.planner import plan_placement
 from controller.schedule import MAX_BAND, learned, schedule_text, with_bands, with_schedule
 from controller.strategy import PROBES, UNMEASURED, Proposal
 from controller.window_stats import tokens_per_busy_second
-from seam.placement import Topology, balancedness, tokens_per_device
-from controller.planner import plan_placement
 from policies import Policy
 from seam import DraftLenSchedule, EngineConfig, Window, batch_band
+from seam.placement import Topology, balancedness, tokens_per_device
 
 DRAFTERS = ("draft_model", "ngram")
 LIGHT_BAND = 1           # batch sizes up to 2: where an untried drafter is tried (see RulePolicy._untried_drafter)

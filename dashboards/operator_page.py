@@ -13,10 +13,10 @@ from fastapi.responses import FileResponse, HTMLResponse, StreamingResponse
 
 from controller.loop import Controller
 from dashboards.broadcast import Broadcast
-from engine.server.api_common import APIError
 from engine.telemetry.live import LiveTelemetry
 from policies import shipped_policies
 from seam import EngineConfig
+from seam.http import APIError
 
 PAGE = Path(__file__).parent / "web"
 ASSETS = {"app.js": PAGE / "app.js", "app.css": PAGE / "app.css",

@@ -13,22 +13,22 @@ from dataclasses import dataclass
 import torch
 
 from engine.model.batch import SequenceChunk, build_forward_batch
-from engine.speculative.drafters import Drafter, Drafts, ModelDrafter, NgramDrafter, shadow_lookups
+from engine.model.kv_cache import BlockAllocator, KVCache
+from engine.model.moe_layer import LOCAL
+from engine.model.tokenizer import Tokenizer
+from engine.model.transformer import Transformer
 from engine.moe.ep import ExpertParallel
 from engine.moe.experts import ExpertRuntime, StepCounts, drop_logical_experts, expert_topology
-from engine.model.kv_cache import BlockAllocator, KVCache
 from engine.runtime.limits import EngineLimits
-from engine.model.moe_layer import LOCAL
-from seam.placement import PlacementError, Topology, check_placement, identity_placement, tokens_per_device
 from engine.runtime.sampling import probs_from_logits, uniforms
 from engine.runtime.scheduler import Scheduled, Scheduler
 from engine.runtime.sequence import Sequence
 from engine.runtime.switchback import ORDER, Switchback
+from engine.speculative.drafters import Drafter, Drafts, ModelDrafter, NgramDrafter, shadow_lookups
 from engine.telemetry.recorder import StepRecord, Telemetry, TelemetrySink
-from engine.model.tokenizer import Tokenizer
-from engine.model.transformer import Transformer
 from governor_kernels import verify_drafts
 from seam import EngineConfig, Experiment, SamplingParams, Window
+from seam.placement import PlacementError, Topology, check_placement, identity_placement, tokens_per_device
 
 SHADOW_DRAFT_LEN = 8     # positions of prompt lookup's acceptance measured in the shadow of the decoding in use
 

@@ -5,13 +5,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.engine import Engine
+from engine.model.tokenizer import Tokenizer
+from engine.model.transformer import Transformer
 from engine.moe.ep import ExpertParallel, TargetLoader
 from engine.moe.ep_channel import GroupMember
 from engine.moe.experts import drop_logical_experts, expert_topology
 from engine.runtime.limits import EngineLimits
 from engine.telemetry.recorder import TelemetrySink
-from engine.model.tokenizer import Tokenizer
-from engine.model.transformer import Transformer
 from seam import EngineConfig, SpecMethod
 
 

@@ -10,9 +10,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from controller.plane import ControlPlane
-from engine.server.api_common import FiniteJSONResponse, install_error_handlers
 from engine.server.health import Health
-from engine.server.openapi import HEALTH, exact_openapi
+from seam.http import FiniteJSONResponse, install_error_handlers
+from seam.openapi import HEALTH, exact_openapi
 
 
 def create_control_app(plane: ControlPlane) -> FastAPI:

@@ -15,8 +15,8 @@ from typing import Annotated
 import numpy as np
 from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_validator
 
-from seam.placement import PlacementError, Topology, placement_balancedness
 from controller.planner import plan_placement
+from seam.placement import PlacementError, Topology, placement_balancedness
 
 PROG = "governor plan"
 Tokens = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]

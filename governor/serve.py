@@ -15,25 +15,24 @@ from controller.counters import PrometheusCounters
 from controller.plane import build_control_plane, print_decision
 from controller.store import StoreError
 from dashboards.operator_page import create_dashboard_router
-from engine.server.admission import Admission, AdmissionLimits
-from engine.server.api import create_app
+from engine.factory import build_engine
+from engine.model.model_spec import ModelFolderError
 from engine.moe.ep import ExpertParallelError
 from engine.moe.ep_channel import RankLaunchError
-from engine.factory import build_engine
-from engine.server.health import Health
-from engine.telemetry.live import LiveTelemetry
-from governor.loadgen import load_phases, run_forever
-from engine.telemetry.metrics import EngineMetrics
-from engine.model.model_spec import ModelFolderError
 from engine.respawn import expert_parallel_recovery, torchrun_recovery
+from engine.server.admission import Admission, AdmissionLimits
+from engine.server.api import create_app
+from engine.server.health import Health
 from engine.server.service import EngineService
 from engine.server.serving_metrics import ServingLimitsCollector
 from engine.server.tracing import StepSpans, TracingConfigError, tracer_provider_from_env
+from engine.telemetry.live import LiveTelemetry
+from engine.telemetry.metrics import EngineMetrics
 from governor.control_cli import policy_or_none
 from governor.ep_launch import run_worker, torchrun_member
 from governor.loaders import load_models
+from governor.loadgen import load_phases, run_forever
 from governor.settings import Settings
-
 
 DEFAULTS = {name: field.default for name, field in Settings.model_fields.items()}
 

@@ -21,11 +21,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from engine.model.batch import SequenceChunk, build_forward_batch
+from engine.model.kv_cache import KVCache
+from engine.model.transformer import Transformer
 from engine.moe.ep_channel import CommandChannel, GroupMember
 from engine.moe.experts import ExpertRuntime, drop_logical_experts, expert_topology
-from engine.model.kv_cache import KVCache
 from engine.runtime.limits import EngineLimits
-from engine.model.transformer import Transformer
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.model.moe_layer import LOCAL, Exchange, ExpertSlots, MoEBlock, moe_forward
-from seam.placement import Topology, identity_placement
 from engine.model.transformer import Transformer
+from seam.placement import Topology, identity_placement
 
 
 def expert_topology(num_experts: int, ranks: int, redundant_experts: int = 0) -> Topology:

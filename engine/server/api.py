@@ -12,26 +12,33 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from engine.engine import Emission, Failure, RequestError
+from engine.model.tokenizer import ChatTemplateError
 from engine.server.abandon import whole_unless_abandoned
 from engine.server.admission import Overloaded
-from engine.server.api_common import APIError, FiniteJSONResponse, bearer_guard, install_error_handlers, invalid_body
 from engine.server.api_schema import served_requests
 from engine.server.edge import install_edge
-from engine.engine import Emission, Failure, RequestError
 from engine.server.health import Health, UpCollector
-from engine.telemetry.metrics import CONTENT_TYPE, EngineMetrics
-from engine.server.openapi import (ERRORS, GENERATION_ERRORS, HEALTH, STREAMING, allowed_methods, error, exact_openapi,
-                            json_body)
 from engine.server.service import RETRY_AFTER_SECONDS, EngineService, Unavailable
-from engine.model.tokenizer import ChatTemplateError
 from engine.server.tracing import traced_request
+from engine.telemetry.metrics import CONTENT_TYPE, EngineMetrics
 from seam import EngineConfig, Experiment
+from seam.http import APIError, FiniteJSONResponse, bearer_guard, install_error_handlers, invalid_body
+from seam.openapi import ERRORS, HEALTH, allowed_methods, error, exact_openapi, json_body
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
 READER_PATTERN = r"^[A-Za-z0-9_.-]{1,32}$"
 CONTROLLER_READER = "controller"
+GENERATION_ERRORS = {**ERRORS, 404: error("the model is not the one this server serves"),
+                     429: error("overloaded: too many requests or prompt tokens waiting; see Retry-After"),
+                     500: error("the engine failed this request; error.code names the cause"),
+                     503: error("the engine cannot take requests now, or failed this one and recovers by itself; "
+                                "see Retry-After")}
+
+STREAMING = {200: {"description": "the completion; with stream=true, server-sent events",
+                   "content": {"application/json": {}, "text/event-stream": {}}}}
 
 
 def _server_error(failure: Failure) -> APIError:
@@ -76,7 +83,7 @@ def create_app(service: EngineService, model_name: str, admin_token: str | None,
     if metrics is not None:
         metrics.registry.register(UpCollector(health, model_name))
 
-    install_error_handlers(app, refusals)
+    install_error_handlers(app, lambda: refusals.count("prompt_too_long"))
 
     def check_model(name: str) -> None:
         if name != model_name:

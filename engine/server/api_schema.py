@@ -1,26 +1,17 @@
 """OpenAI-compatible request bodies, validated at the edge, with the bounds the API enforces declared in the schema."""
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints,
-                      WithJsonSchema, create_model)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, WithJsonSchema,
+                      create_model)
 
 from seam import SamplingParams
+from seam.http import Text, no_lone_surrogates
 
 MAX_STOP_STRINGS = 4
 MAX_MESSAGES = 256
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
-
-def no_lone_surrogates(value: str) -> str:
-    """JSON may escape a lone UTF-16 surrogate ("\\ud800"); no encoder can take it, so it is refused here."""
-    found = _SURROGATE.search(value)
-    if found:
-        raise ValueError(f"contains a lone surrogate (U+{ord(found.group()):04X}) at character {found.start()}; "
-                         "send valid Unicode")
-    return value
 
 
 def _one_or_list(value):
@@ -41,7 +32,6 @@ def one_or_list(item_schema: dict, max_items: int) -> WithJsonSchema:
                                                    "maxItems": max_items}]})
 
 
-Text = Annotated[str, AfterValidator(no_lone_surrogates)]
 StopText = Annotated[str, StringConstraints(min_length=1), AfterValidator(no_lone_surrogates)]
 Stops = Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS), BeforeValidator(_one_or_list),
                   WithJsonSchema({"anyOf": [{"type": "string", "minLength": 1},

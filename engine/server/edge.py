@@ -5,7 +5,6 @@ does."""
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Callable
 
 from starlette.applications import Starlette
@@ -13,9 +12,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.server.admission import Admission, Overloaded
-
-WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-GUARDED_PREFIXES = ("/admin/", "/alerts")
+from seam.http import GUARDED_PREFIXES, WRITE_METHODS, error_body, has_admin_token
 
 
 def install_edge(app: Starlette, admission: Admission, admin_token: str | None, max_body_bytes: int,
@@ -26,16 +23,6 @@ def install_edge(app: Starlette, admission: Admission, admin_token: str | None, 
                        on_refuse=lambda: admission.refusals.count("body_too_large"))
     app.add_middleware(AdmissionGate, admission=admission, paths=generation_paths)
     app.add_middleware(WriteGuard, admin_token=admin_token)
-
-
-def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
-    """The OpenAI error shape every refusal uses."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def has_admin_token(authorization: str, admin_token: str | None) -> bool:
-    supplied = authorization.removeprefix("Bearer ").strip()
-    return bool(admin_token) and secrets.compare_digest(supplied.encode(), admin_token.encode())
 
 
 class WriteGuard:

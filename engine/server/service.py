@@ -14,9 +14,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
-from engine.server.admission import Admission
 from engine.engine import Emission, Engine, Failure
 from engine.respawn import GroupRecovery, RespawnsExhausted
+from engine.server.admission import Admission
 from seam import SamplingParams
 
 log = logging.getLogger(__name__)

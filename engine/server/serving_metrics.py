@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.server.admission import Admission
 from engine.model.kv_cache import BlockAllocator
+from engine.server.admission import Admission
 
 
 class ServingLimitsCollector(Collector):

@@ -10,9 +10,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from engine.model.batch import SequenceChunk, build_forward_batch
 from engine.model.kv_cache import KVCache
+from engine.model.transformer import Transformer
 from engine.runtime.sampling import probs_from_logits, uniforms
 from engine.runtime.sequence import Sequence
-from engine.model.transformer import Transformer
 from governor_kernels import sample_categorical
 
 

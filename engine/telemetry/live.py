@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from seam.placement import balancedness
 from engine.telemetry.recorder import StepRecord
 from seam import EngineConfig
+from seam.placement import balancedness
 
 HISTORY_SECONDS = 300           # buckets kept
 MAX_SAMPLES_PER_SECOND = 2_000  # latency samples kept per bucket and distribution

@@ -11,8 +11,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from seam.placement import balancedness
 from seam import Block, EngineConfig, LatencySummary, Window, batch_band, decode_cost_terms, median_batch_size
+from seam.placement import balancedness
 
 MAX_SAMPLES = 50_000  # per window and distribution; an unread window keeps the latest ones
 READERS = ("default", "controller")     # windows kept from the start; other readers' from their first read

@@ -32,15 +32,15 @@ from scipy import stats
 
 from controller.judge import BETTER, WORSE, SwitchbackJudge, same_tokens
 from controller.window_stats import tokens_per_busy_second
-from engine.server.api import create_app
 from engine.engine import Engine
-from governor.loadgen import Phase
-from governor.loadgen.runner import run_forever
+from engine.server.api import create_app
 from engine.server.local_server import serving_in_thread
 from engine.server.service import EngineService
 from governor.bench import report
 from governor.control_cli import policy_or_none
 from governor.loaders import load_models
+from governor.loadgen import Phase
+from governor.loadgen.runner import run_forever
 from policies import Policy
 from seam import EngineConfig, Experiment
 

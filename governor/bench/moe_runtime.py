@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from controller.planner import plan_placement
 from engine.engine import Engine
 from engine.factory import build_engine
 from engine.runtime.limits import EngineLimits
-from governor.loadgen import prompt_set
-from controller.planner import plan_placement
 from governor.bench import report
 from governor.loaders import load_models
+from governor.loadgen import prompt_set
 from governor.registry import DEFAULT_MODEL
 from seam import EngineConfig, SamplingParams, Window
 

@@ -31,7 +31,6 @@ from governor.loadgen.prompts import prompt_set
 from governor.registry import DEFAULT_MODEL
 from policies import load_policy
 
-
 NAME = "overload"
 HELP = "many requests at once: 429s, 5xx, /health latency, admitted requests' latency beside the SLO"
 PROBER_START_SECONDS = 60

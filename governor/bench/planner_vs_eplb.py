@@ -13,10 +13,10 @@ import time
 
 import numpy as np
 
-from seam.placement import Topology, identity_placement, placement_balancedness, slot_tokens, tokens_per_device
 from controller.planner import plan_placement
 from governor.bench import report
 from governor.bench.eplb import eplb_placement
+from seam.placement import Topology, identity_placement, placement_balancedness, slot_tokens, tokens_per_device
 
 LAYERS, EXPERTS, DEVICES, NODES = 64, 256, 64, 8
 TOKENS_PER_LAYER = 8 * 65536            # top-8 routing of a 64k-token window

@@ -20,11 +20,11 @@ from typing import Any
 
 from engine.engine import Engine
 from engine.factory import LoadedModels, build_engine
-from governor.loadgen import prompt_set
 from governor.bench import report
 from governor.bench.speculation_hf import WARM_UP_TOKENS, hf_models, hf_peer, hf_tokens_per_second
 from governor.bench.speculation_report import figure, point_line, summary
 from governor.loaders import load_models, pick_device
+from governor.loadgen import prompt_set
 from governor.registry import DEFAULT_MODEL, SMOLLM2
 from seam import MAX_DRAFT_LEN, EngineConfig, SamplingParams
 

@@ -17,12 +17,12 @@ from pathlib import Path
 from engine.engine import Engine
 from engine.factory import LoadedModels
 from engine.runtime.limits import EngineLimits
-from governor.loadgen import prompt_set
-from engine.telemetry.metrics import EngineMetrics
 from engine.server.service import EngineService
 from engine.server.tracing import STEPS_PER_SPAN, StepSpans, traced_request
+from engine.telemetry.metrics import EngineMetrics
 from governor.bench import report
 from governor.loaders import load_models, pick_device
+from governor.loadgen import prompt_set
 from governor.registry import DEFAULT_MODEL
 from seam import EngineConfig, SamplingParams
 

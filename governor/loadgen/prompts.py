@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import functools
 import os
+import pydoc_data.topics
 import random
 import re
 import sysconfig
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-
-import pydoc_data.topics
 
 KINDS: tuple[str, ...] = ("code", "prose", "chat")
 DEFAULT_MAX_BYTES = 300

@@ -20,11 +20,10 @@ from engine.server.api import create_app
 from engine.server.local_server import free_port
 from engine.server.service import EngineService
 from policies import parse_policy
-from seam import EngineConfig, Experiment
+from seam import EngineConfig, Experiment, SamplingParams
 from tests.controller.conftest import fast_policy
 from tests.controller.server import TOKEN
 from tests.controller.strategies import OneTrial
-from seam import SamplingParams
 from tests.engine.helpers import code_prompts, make_engine
 
 LONG = SamplingParams(max_tokens=192, temperature=0.0, ignore_eos=True)    # few prefills: less noise per check

@@ -5,9 +5,9 @@ import pytest
 from controller.calibration import Calibration
 from controller.judge import INCONCLUSIVE
 from controller.rule_policy import RulePolicy, heat_moved
-from seam.placement import Topology, check_placement
 from policies import parse_policy
 from seam import EngineConfig, LatencySummary, Window
+from seam.placement import Topology, check_placement
 
 EMPTY = LatencySummary.of([])
 

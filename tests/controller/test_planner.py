@@ -2,6 +2,8 @@
 import numpy as np
 import pytest
 
+from controller.planner import plan_placement
+from governor.bench.eplb import eplb_placement
 from seam.placement import (
     PlacementError,
     Topology,
@@ -10,8 +12,6 @@ from seam.placement import (
     placement_balancedness,
     slot_tokens,
 )
-from controller.planner import plan_placement
-from governor.bench.eplb import eplb_placement
 
 
 def zipf_heat(layers: int, experts: int, skew: float, seed: int = 0) -> np.ndarray:

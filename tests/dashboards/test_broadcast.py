@@ -8,9 +8,9 @@ import httpx
 from dashboards.broadcast import Broadcast
 from dashboards.operator_page import create_dashboard_router
 from engine.server.api import create_app
-from engine.telemetry.live import LiveTelemetry
 from engine.server.local_server import serving_in_thread
 from engine.server.service import EngineService
+from engine.telemetry.live import LiveTelemetry
 from seam import EngineConfig
 from tests.engine.helpers import make_engine
 

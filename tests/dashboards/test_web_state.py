@@ -10,8 +10,8 @@ from fastapi import FastAPI
 
 from controller import Controller, InProcessClient, Store
 from dashboards.operator_page import create_dashboard_router, dashboard_state
-from engine.telemetry.live import LiveTelemetry
 from engine.server.local_server import free_port
+from engine.telemetry.live import LiveTelemetry
 from policies import parse_policy
 from seam import EngineConfig
 from tests.controller.conftest import fast_policy

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import engine.respawn
 from controller.loop import Controller
-from governor.cli import main
 from engine.engine import Engine
 from engine.moe.ep import ExpertParallelError
+from governor.cli import main
 
 SLOW_STEP_SECONDS = 0.6
 

@@ -16,7 +16,7 @@ from controller.store import Decision, Store, Trial
 from engine.server.service import EngineService
 from seam import EngineConfig
 from tests.controller.conftest import fast_policy
-from tests.controller.server import AUTH, ROOT, TOKEN, serving
+from tests.controller.server import ROOT, TOKEN, serving
 from tests.controller.traffic import HttpTraffic
 from tests.engine.helpers import make_engine
 

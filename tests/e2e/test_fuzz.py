@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.plane import build_control_plane
 from controller.clients import InProcessClient
+from controller.plane import build_control_plane
 from controller.store import ConfigVersion, Decision
 from dashboards.operator_page import create_dashboard_router
-from engine.server.api import create_app
 from engine.engine import Engine
 from engine.runtime.limits import EngineLimits
-from engine.telemetry.live import LiveTelemetry
+from engine.server.api import create_app
 from engine.server.local_server import serving_in_thread
-from engine.telemetry.metrics import EngineMetrics
 from engine.server.service import EngineService
+from engine.telemetry.live import LiveTelemetry
+from engine.telemetry.metrics import EngineMetrics
 from seam import EngineConfig
 from tests.controller.conftest import fast_policy
 

@@ -4,8 +4,8 @@ import httpx
 import openai
 import pytest
 
-from engine.server.api import create_app
 from engine.factory import build_engine
+from engine.server.api import create_app
 from engine.server.local_server import serving_in_thread
 from engine.server.service import EngineService
 from seam import EngineConfig

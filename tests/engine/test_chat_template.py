@@ -4,11 +4,11 @@ import httpx
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from engine.server.api import create_app
 from engine.engine import Engine
+from engine.model.tokenizer import HFTokenizer
+from engine.server.api import create_app
 from engine.server.local_server import serving_in_thread
 from engine.server.service import EngineService
-from engine.model.tokenizer import HFTokenizer
 from seam import EngineConfig
 
 TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"

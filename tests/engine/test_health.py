@@ -10,8 +10,8 @@ from controller.store import WRITE_CHECK_SECONDS, Store
 from engine.server.api import create_app
 from engine.server.health import Health
 from engine.server.local_server import serving_in_thread
-from engine.telemetry.metrics import EngineMetrics
 from engine.server.service import EngineService
+from engine.telemetry.metrics import EngineMetrics
 from seam import EngineConfig
 from tests.engine.helpers import make_engine, metric_value
 

@@ -7,15 +7,15 @@ import time
 import httpx
 import pytest
 
-from engine.server.admission import Admission, AdmissionLimits, Overloaded
-from engine.server.api import create_app
-from seam import EngineConfig
 from engine.engine import Engine
 from engine.runtime.limits import EngineLimits
+from engine.server.admission import Admission, AdmissionLimits, Overloaded
+from engine.server.api import create_app
 from engine.server.local_server import serving_in_thread
-from engine.telemetry.metrics import EngineMetrics
 from engine.server.service import EngineService
 from engine.server.serving_metrics import ServingLimitsCollector
+from engine.telemetry.metrics import EngineMetrics
+from seam import EngineConfig
 
 MODEL = "governor-moe"
 MAX_BODY = 4096

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from engine.model.batch import SequenceChunk, build_forward_batch
 from engine.engine import Engine
+from engine.model.batch import SequenceChunk, build_forward_batch
 from engine.moe.ep import ExpertParallel
 from engine.runtime.limits import EngineLimits
 from seam import EngineConfig, SamplingParams

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from engine.engine import Engine, Failure
-from engine.moe.ep import ExpertParallelError
 from engine.factory import build_engine
-from engine.runtime.limits import EngineLimits
+from engine.moe.ep import ExpertParallelError
 from engine.respawn import GroupRecovery, RespawnBudget, RespawnsExhausted, expert_parallel_recovery
+from engine.runtime.limits import EngineLimits
 from governor.loaders import load_models
 from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, generate

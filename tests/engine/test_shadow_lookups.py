@@ -1,8 +1,8 @@
 """Prompt lookup in the shadow of the decoding in use: the acceptance it would have had at k 8, measured without
 verifying."""
-from engine.speculative.drafters import shadow_lookups
 from engine.engine import SHADOW_DRAFT_LEN
 from engine.runtime.sequence import Sequence
+from engine.speculative.drafters import shadow_lookups
 from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import code_prompts, generate, make_engine
 

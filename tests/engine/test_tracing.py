@@ -13,10 +13,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from engine.server.api import create_app
 from engine.engine import Engine
 from engine.factory import build_engine
 from engine.runtime.limits import EngineLimits
+from engine.server.api import create_app
 from engine.server.local_server import serving_in_thread
 from engine.server.service import EngineService
 from engine.server.tracing import StepSpans, TracingConfigError, tracer_provider_from_env

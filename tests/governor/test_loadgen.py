@@ -12,11 +12,11 @@ import uvicorn
 from fastapi import Body, FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from governor.load_cli import add_load_arguments, phases_from_args, run_load
 from governor.loadgen import arrivals
 from governor.loadgen.phases import DEMO_FILE, Phase, PhaseFileError, load_phases
 from governor.loadgen.prompts import prompt_set
 from governor.loadgen.runner import LoadError, run_forever, run_phases
-from governor.load_cli import add_load_arguments, phases_from_args, run_load
 
 CHUNK_DELAY_S = 0.05
 TOKENS_PER_CHUNK = 2

@@ -1,4 +1,4 @@
-"""The OpenAPI document as the API really behaves: every request body declared, errors in the OpenAI shape with the
+"""An OpenAPI document as an app of the service really behaves: every request body declared, errors in the OpenAI shape with the
 status codes the edge and the routes answer (400 for a bad field, never 422), writes marked as needing the token."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from engine.server.edge import GUARDED_PREFIXES, WRITE_METHODS
+from seam.http import GUARDED_PREFIXES, WRITE_METHODS
 
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"],
@@ -24,19 +24,12 @@ def error(description: str) -> dict:
 REF = "#/components/schemas/{model}"
 COMPONENTS_KEY = "x-governor-components"     # carried by an operation until _exact moves it into components
 ERRORS = {400: error("a field is invalid; error.param names it")}
-GENERATION_ERRORS = {**ERRORS, 404: error("the model is not the one this server serves"),
-                     429: error("overloaded: too many requests or prompt tokens waiting; see Retry-After"),
-                     500: error("the engine failed this request; error.code names the cause"),
-                     503: error("the engine cannot take requests now, or failed this one and recovers by itself; "
-                                "see Retry-After")}
 HEALTH = {200: {"description": "every component is up"},
           503: {"description": "a component is down (or, for /ready, new requests would be refused)", "content": {
               "application/json": {"schema": {
                   "type": "object", "required": ["status", "model", "reasons"],
                   "properties": {"status": {"const": "unavailable"}, "model": {"type": "string"},
                                  "reasons": {"type": "object", "additionalProperties": {"type": "string"}}}}}}}}
-STREAMING = {200: {"description": "the completion; with stream=true, server-sent events",
-                   "content": {"application/json": {}, "text/event-stream": {}}}}
 
 
 def json_body(schema: type[BaseModel] | dict, *models: type[BaseModel]) -> dict:

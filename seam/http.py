@@ -1,17 +1,46 @@
-"""What every HTTP router of the service shares: strict JSON responses, OpenAI-style error bodies, the field a
-pydantic error names, and the admin bearer-token guard."""
+"""What every HTTP app of the service shares, the engine's and the controller's alike: OpenAI-style error bodies, strict
+JSON responses, the field a pydantic error names, the admin bearer-token guard, and text without lone surrogates."""
 from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Callable
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import ValidationError
+from pydantic import AfterValidator, ValidationError
 from starlette.exceptions import HTTPException
 
-from engine.server.admission import Refusals
-from engine.server.edge import error_body, has_admin_token
 from seam import strict_json
+
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+GUARDED_PREFIXES = ("/admin/", "/alerts")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+    """The OpenAI error shape every refusal uses."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def has_admin_token(authorization: str, admin_token: str | None) -> bool:
+    supplied = authorization.removeprefix("Bearer ").strip()
+    return bool(admin_token) and secrets.compare_digest(supplied.encode(), admin_token.encode())
+
+
+def no_lone_surrogates(value: str) -> str:
+    """JSON may escape a lone UTF-16 surrogate ("\\ud800"); no encoder can take it, so it is refused here."""
+    found = _SURROGATE.search(value)
+    if found:
+        raise ValueError(f"contains a lone surrogate (U+{ord(found.group()):04X}) at character {found.start()}; "
+                         "send valid Unicode")
+    return value
+
+
+Text = Annotated[str, AfterValidator(no_lone_surrogates)]
 
 
 class FiniteJSONResponse(JSONResponse):
@@ -57,9 +86,10 @@ def bearer_guard(admin_token: str | None):
     return require_admin
 
 
-def install_error_handlers(app: FastAPI, refusals: Refusals | None = None) -> None:
+def install_error_handlers(app: FastAPI, on_prompt_too_long: Callable[[], None] | None = None) -> None:
     """APIError, request validation errors and Starlette's own HTTP errors (404, 405, bodies that are not UTF-8)
-    become OpenAI-style error bodies (400 names the field). refusals counts prompts refused for their length."""
+    become OpenAI-style error bodies (400 names the field). on_prompt_too_long() counts each prompt refused for its
+    length."""
     @app.exception_handler(APIError)
     async def _api_error(_: Request, error: APIError):
         return error_response(error)
@@ -73,6 +103,7 @@ def install_error_handlers(app: FastAPI, refusals: Refusals | None = None) -> No
     async def _validation_error(_: Request, error: RequestValidationError):
         first = error.errors()[0]
         field = "body" if first["type"] == "json_invalid" else field_of(tuple(first["loc"])) or "body"
-        if refusals is not None and first["type"] == "string_too_long" and field.startswith(("prompt", "messages")):
-            refusals.count("prompt_too_long")
+        if on_prompt_too_long is not None and first["type"] == "string_too_long" \
+                and field.startswith(("prompt", "messages")):
+            on_prompt_too_long()
         return error_response(APIError(400, f"{field}: {first['msg']}", field))
