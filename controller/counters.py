@@ -5,9 +5,8 @@ import threading
 from collections import Counter
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PrometheusCounter
-from prometheus_client import Gauge
 
 
 class MetricsSink(Protocol):
@@ -21,7 +20,7 @@ class MetricsSink(Protocol):
         """governor_controller_trials_total{outcome}"""
 
     def calibration(self, summary: dict) -> None:
-        """governor_controller_calibration{figure}: controller.calibration.Calibration.summary()'s numbers"""
+        """governor_controller_calibration{figure}: controller.decide.calibration.Calibration.summary()'s numbers"""
 
 
 class CountingSink:

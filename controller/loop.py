@@ -9,15 +9,15 @@ import logging
 import threading
 import time
 
-from controller.calibration import Calibration
 from controller.clients import ApplyFailed, EngineClient, EngineClientError
 from controller.counters import CountingSink, MetricsSink
-from controller.judge import BETTER, INCONCLUSIVE, SwitchbackJudge, Verdict, same_tokens
+from controller.decide.calibration import Calibration
+from controller.decide.rule_policy import RulePolicy
 from controller.periodic import Periodic
-from controller.rule_policy import RulePolicy
 from controller.store import Pin, RollbackRow, Store
 from controller.strategy import UNMEASURED, Proposal, Strategy
-from controller.trial import Trial, candidate_breaches, incumbent_breaks_slo, speculation_gain
+from controller.trials.judge import BETTER, INCONCLUSIVE, SwitchbackJudge, Verdict, same_tokens
+from controller.trials.trial import Trial, candidate_breaches, incumbent_breaks_slo, speculation_gain
 from controller.window_stats import merge_windows, no_data_reason, short_of_traffic, slo_breaches, window_summary
 from policies import Policy
 from seam import EngineConfig, Experiment, Window
@@ -472,7 +472,7 @@ class Controller:
     def _strategy_for(self, policy: Policy) -> Strategy:
         if policy.kind == "optuna":
             # optuna is heavy (it loads alembic and the samplers): imported only when a search runs
-            from controller.optuna_search import OptunaSearch
+            from controller.decide.optuna_search import OptunaSearch
             return OptunaSearch(policy, self.store.url)
         return RulePolicy(policy, calibration=self.calibration)
 

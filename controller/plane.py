@@ -6,16 +6,16 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter
 
-from controller.admin import create_admin_router
-from controller.alerts import AlertIntake
-from controller.canary import FleetCanary
 from controller.clients import EngineClient, HttpClient
 from controller.counters import MetricsSink
-from controller.lease import Lease
 from controller.loop import Controller
-from controller.retention import RetentionSweeper
-from controller.standby import LeaderLoop
+from controller.operate.admin import create_admin_router
+from controller.operate.alerts import AlertIntake
+from controller.operate.lease import Lease
+from controller.operate.retention import RetentionSweeper
+from controller.operate.standby import LeaderLoop
 from controller.store import Store
+from controller.trials.canary import FleetCanary
 from policies import Policy, load_policy
 
 

@@ -19,7 +19,7 @@ class Proposal:
     kind: str       # draft_len, spec_method, fallback_probe, speculation_probe, capacity_factor, placement, optuna
     reason: str
     keep_gain: float            # keep the trial if the judge's lower bound of candidate / incumbent clears this
-    predicted_gain: float | None = None     # calibrated (controller.calibration): what the proposal was made on
+    predicted_gain: float | None = None     # calibrated (controller.decide.calibration): what the proposal was made on
     raw_gain: float | None = None           # what the goodput model predicted before calibration
     inputs: dict = field(default_factory=dict)
     optuna_trial: object | None = None

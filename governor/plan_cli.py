@@ -15,7 +15,7 @@ from typing import Annotated
 import numpy as np
 from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_validator
 
-from controller.planner import plan_placement
+from controller.decide.planner import plan_placement
 from seam.placement import PlacementError, Topology, placement_balancedness
 
 PROG = "governor plan"

@@ -66,7 +66,8 @@ class TrialPolicy(_Section):
 
 
 class JudgePolicy(_Section):
-    """How a trial is run and judged: a switchback experiment of alternating blocks, decided by controller.judge."""
+    """How a trial is run and judged: a switchback experiment of alternating blocks, decided by
+    controller.trials.judge."""
     block_steps: int = Field(1, ge=1, le=10_000, description="engine steps per switchback block")
     confidence: float = Field(0.995, ge=0.5, lt=1.0,
                               description="two-sided confidence of a verdict, over all of a trial's looks together")

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from controller.clients import InProcessClient
-from controller.schedule import schedule_text
+from controller.decide.schedule import schedule_text
 from governor.bench.adaptation_workload import good_deliveries
 from policies import Policy
 from seam import EngineConfig, Experiment

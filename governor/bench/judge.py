@@ -8,8 +8,8 @@ One engine (governor-moe on the CPU) serves loopback HTTP traffic while trials r
 Steady traffic comes from the load generator (Poisson arrivals of greedy code). The old judge holds one window of
 the incumbent, then one of the candidate, and keeps the candidate if its tokens per busy second / the incumbent's
 >= keep_gain (what the loop did before switchback trials); its time to decision is its one trial window. The
-switchback judge runs an Experiment and decides with controller.judge under the policy's judge settings; "within 2
-windows" counts its decisions within 2 of the policy's windows. A false change: for the switchback judge any verdict
+switchback judge runs an Experiment and decides with controller.trials.judge under the policy's judge settings;
+"within 2 windows" counts its decisions within 2 of the policy's windows. A false change: for the switchback judge any verdict
 of a difference (better or worse) in an A/A trial; for the old judge, keeping the candidate in an A/A trial (its
 revert is the "no change" outcome). Detection: the slowed candidate is reverted (old) or judged worse (switchback).
 Writes judge.json and judge.png.
@@ -30,7 +30,7 @@ import httpx
 import torch
 from scipy import stats
 
-from controller.judge import BETTER, WORSE, SwitchbackJudge, same_tokens
+from controller.trials.judge import BETTER, WORSE, SwitchbackJudge, same_tokens
 from controller.window_stats import tokens_per_busy_second
 from engine.engine import Engine
 from engine.server.api import create_app

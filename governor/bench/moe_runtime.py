@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from controller.planner import plan_placement
+from controller.decide.planner import plan_placement
 from engine.engine import Engine
 from engine.factory import build_engine
 from engine.runtime.limits import EngineLimits

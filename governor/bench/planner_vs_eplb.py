@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from controller.planner import plan_placement
+from controller.decide.planner import plan_placement
 from governor.bench import report
 from governor.bench.eplb import eplb_placement
 from seam.placement import Topology, identity_placement, placement_balancedness, slot_tokens, tokens_per_device

@@ -158,7 +158,7 @@ def _break_the_slo_for_three_windows(engine, controller, prompts) -> None:
 def test_a_builtin_breach_at_the_last_known_good_raises_one_alert_that_notifies(build, prompts):
     # An inter-token SLO of 1 microsecond: every window breaks it, so the built-in evaluator fires once and stays.
     # The last known good config runs, so a rollback would change nothing: the alert notifies, saying so.
-    from controller.alerts import AlertIntake
+    from controller.operate.alerts import AlertIntake
     engine, controller = build(fast_policy(slo={"inter_token_p99_seconds": 1e-6}, trial={"min_predicted_gain": 100.0}))
     AlertIntake(controller)
     _break_the_slo_for_three_windows(engine, controller, prompts)
@@ -173,7 +173,7 @@ def test_a_builtin_breach_at_the_last_known_good_raises_one_alert_that_notifies(
 def test_a_builtin_breach_away_from_the_last_known_good_asks_for_a_rollback(build, prompts):
     # An operator's pin holds another config than the last known good: the alert asks for a rollback, which the pin
     # skips (a pin wins), recorded with the pin named.
-    from controller.alerts import AlertIntake
+    from controller.operate.alerts import AlertIntake
     engine, controller = build(fast_policy(slo={"inter_token_p99_seconds": 1e-6}, trial={"min_predicted_gain": 100.0}))
     AlertIntake(controller)
     controller.pin(controller.current.changed(draft_len=2), "operator", "hold k 2")
@@ -191,7 +191,7 @@ def test_a_builtin_breach_the_incumbents_blocks_share_during_a_trial_notifies_an
     # Once a trial of k (2 against the model's best) runs, every target forward takes 0.45 s more, on both arms: a
     # step's tokens come at least 0.15 s apart on either, over the SLO. The breach is not the candidate's doing, so
     # the alert notifies instead of rolling back, and the trial runs on.
-    from controller.alerts import AlertIntake
+    from controller.operate.alerts import AlertIntake
     engine, controller = build(fast_policy(slo={"inter_token_p99_seconds": 0.15},
                                            window={"seconds": 3.0, "min_steps": 3, "min_emitted_tokens": 10}), k=2)
     AlertIntake(controller)

@@ -12,10 +12,10 @@ import time
 
 import uvicorn
 
-from controller.canary import FleetCanary
 from controller.clients import HttpClient
 from controller.loop import Controller
 from controller.store import Decision, Store, Trial
+from controller.trials.canary import FleetCanary
 from engine.server.api import create_app
 from engine.server.local_server import free_port
 from engine.server.service import EngineService

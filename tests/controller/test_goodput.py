@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from controller.goodput import GoodputModel
+from controller.decide.goodput import GoodputModel
 from seam import LatencySummary, Window, batch_band, decode_cost_terms
 from tests.controller.windows import decoding
 

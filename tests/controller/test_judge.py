@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from controller.judge import (BETTER, FUTILE, INCONCLUSIVE, MOVED_PAIRS, NO_DIFFERENCE, WORSE, SwitchbackJudge, compare,
-                              look_shares, min_pairs_for_interval, paired_log_ratios, same_tokens)
+from controller.trials.judge import (BETTER, FUTILE, INCONCLUSIVE, MOVED_PAIRS, NO_DIFFERENCE, WORSE, SwitchbackJudge,
+                                     compare, look_shares, min_pairs_for_interval, paired_log_ratios, same_tokens)
 from engine.runtime.switchback import ORDER
 from policies import JudgePolicy
 from seam import Block, EngineConfig, strict_json

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from controller.lease import Lease, LeaseLost
+from controller.operate.lease import Lease, LeaseLost
 from controller.store import Decision, Store
 
 DURATION = 0.4

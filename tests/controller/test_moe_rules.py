@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from controller.calibration import Calibration
-from controller.judge import INCONCLUSIVE
-from controller.rule_policy import RulePolicy, heat_moved
+from controller.decide.calibration import Calibration
+from controller.decide.rule_policy import RulePolicy, heat_moved
+from controller.trials.judge import INCONCLUSIVE
 from policies import parse_policy
 from seam import EngineConfig, LatencySummary, Window
 from seam.placement import Topology, check_placement

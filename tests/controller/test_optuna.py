@@ -7,7 +7,7 @@ import optuna
 import pytest
 from optuna.trial import FixedTrial, TrialState
 
-from controller.optuna_search import suggested_config
+from controller.decide.optuna_search import suggested_config
 from controller.store import Decision, Trial
 from policies import SearchSpace
 from seam import EngineConfig

@@ -3,7 +3,7 @@ search told survives a restart, and a trial left running by a dead process is fa
 import optuna
 from optuna.trial import TrialState
 
-from controller.optuna_search import OptunaSearch
+from controller.decide.optuna_search import OptunaSearch
 from controller.store import Store
 from policies import parse_policy
 from seam import EngineConfig, LatencySummary, Window

@@ -2,16 +2,10 @@
 import numpy as np
 import pytest
 
-from controller.planner import plan_placement
+from controller.decide.planner import plan_placement
 from governor.bench.eplb import eplb_placement
-from seam.placement import (
-    PlacementError,
-    Topology,
-    check_placement,
-    identity_placement,
-    placement_balancedness,
-    slot_tokens,
-)
+from seam.placement import (PlacementError, Topology, check_placement, identity_placement, placement_balancedness,
+                            slot_tokens)
 
 
 def zipf_heat(layers: int, experts: int, skew: float, seed: int = 0) -> np.ndarray:

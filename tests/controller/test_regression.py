@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from controller.alerts import AlertIntake
+from controller.operate.alerts import AlertIntake
 from controller.store import AlertRecord, Decision
 from seam import EngineConfig
 from tests.controller.conftest import fast_policy

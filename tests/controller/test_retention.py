@@ -2,7 +2,7 @@
 history that last-known-good, a pin and rollback need stays, and rollback still works after a sweep."""
 import datetime as dt
 
-from controller.retention import RetentionSweeper
+from controller.operate.retention import RetentionSweeper
 from controller.store import SETTLED, ConfigVersion, Decision, Pin, Rollback, Trial
 from seam import EngineConfig
 from tests.controller.conftest import fast_policy

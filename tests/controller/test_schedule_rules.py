@@ -7,10 +7,10 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from controller.calibration import MEMORY, PRIOR_SHRINK, PRIOR_TRIALS, Calibration
 from controller.counters import PrometheusCounters
-from controller.rule_policy import RulePolicy
-from controller.schedule import band_batch_sizes, learned, with_bands
+from controller.decide.calibration import MEMORY, PRIOR_SHRINK, PRIOR_TRIALS, Calibration
+from controller.decide.rule_policy import RulePolicy
+from controller.decide.schedule import band_batch_sizes, learned, with_bands
 from controller.strategy import UNMEASURED
 from policies import parse_policy
 from seam import EngineConfig, LatencySummary, Window

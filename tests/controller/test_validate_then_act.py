@@ -6,8 +6,8 @@ import time
 import pytest
 
 from controller import Controller, InProcessClient, Store
-from controller.alerts import AlertIntake, AlertmanagerPayload
 from controller.clients import EngineClientError
+from controller.operate.alerts import AlertIntake, AlertmanagerPayload
 from controller.store import ConfigVersion, Decision, Trial
 from policies import parse_policy
 from tests.controller.conftest import fast_policy

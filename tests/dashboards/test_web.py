@@ -13,8 +13,8 @@ import pytest
 import yaml
 from playwright.sync_api import Page, expect, sync_playwright
 
-from controller.judge import SwitchbackJudge
 from controller.store import Store
+from controller.trials.judge import SwitchbackJudge
 from policies import JudgePolicy
 from tests.controller.test_alerts import _payload
 from tests.controller.test_judge import agreeing_blocks

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from controller.goodput import GoodputModel
+from controller.decide.goodput import GoodputModel
 from controller.window_stats import merge_windows, window_from_dict
 from engine.telemetry.recorder import StepRecord, Telemetry
 from seam import EngineConfig

@@ -1,7 +1,7 @@
 """Fleet canaries (policy `trial.mode: canary`): a trial's Experiment runs as a canary across replicas instead of a
 switchback on each. The first `trial.canary_replicas` answering replicas take the candidate, the others keep the
 incumbent; at every check the canary replicas' tokens per busy second and the others' (the concurrent baseline, as
-Kayenta and Argo use) form one pair for the same switchback judge (controller/judge.py). The controller loop is
+Kayenta and Argo use) form one pair for the same switchback judge (controller/trials/judge.py). The controller loop is
 unchanged: it sees the pairs as blocks and each side as an arm, keeps (the candidate then goes to every replica) or
 reverts (the canary gets the incumbent back), and a replica serving either arm's version is where it should be.
 With fewer than two replicas answering, or in switchback mode, every change passes through as it is."""

@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from controller.calibration import Calibration
-from controller.goodput import MIN_FIT_STEPS, GoodputModel
-from controller.judge import INCONCLUSIVE
-from controller.planner import plan_placement
-from controller.schedule import MAX_BAND, learned, schedule_text, with_bands, with_schedule
+from controller.decide.calibration import Calibration
+from controller.decide.goodput import MIN_FIT_STEPS, GoodputModel
+from controller.decide.planner import plan_placement
+from controller.decide.schedule import MAX_BAND, learned, schedule_text, with_bands, with_schedule
 from controller.strategy import PROBES, UNMEASURED, Proposal
+from controller.trials.judge import INCONCLUSIVE
 from controller.window_stats import tokens_per_busy_second
 from policies import Policy
 from seam import DraftLenSchedule, EngineConfig, Window, batch_band

@@ -11,10 +11,10 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from controller.alerts import AlertIntake, AlertmanagerPayload
 from controller.clients import ApplyFailed, EngineClientError
-from controller.lease import Lease
 from controller.loop import Controller
+from controller.operate.alerts import AlertIntake, AlertmanagerPayload
+from controller.operate.lease import Lease
 from policies import Policy, PolicyError, load_policy, parse_policy, shipped_policies
 from seam import EngineConfig
 from seam.http import APIError, bearer_guard, invalid_body

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from controller.judge import SwitchbackJudge
 from controller.strategy import PROBES, Proposal
+from controller.trials.judge import SwitchbackJudge
 from controller.window_stats import merge_windows, slo_breaches
 from policies import Policy
 from seam import EngineConfig, Window

@@ -8,7 +8,7 @@ Pins against alerts: while a pin holds (an operator's or another alert's), an al
 (rollback, disable_speculation, pin) is not taken; it is recorded as a `skip` decision naming the pin. The pin's
 owner decides what runs; a resolved alert releases only the pin it owns.
 
-A standby controller (controller/lease.py) acts on nothing: it records each notification as `deferred`, and the
+A standby controller (controller/operate/lease.py) acts on nothing: it records each notification as `deferred`, and the
 leader acts on deferred notifications at its next tick, so an alert delivered to either process acts once."""
 from __future__ import annotations
 

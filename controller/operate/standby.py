@@ -1,14 +1,14 @@
-"""A controller that leads only while it holds the lease (controller/lease.py): two `governor control` processes on
-the same engines and database, one acting, the other observing and ready to take over. On taking the lease the
+"""A controller that leads only while it holds the lease (controller/operate/lease.py): two `governor control` processes
+on the same engines and database, one acting, the other observing and ready to take over. On taking the lease the
 controller takes charge from the store (the dead leader's open trial is reverted and recorded as interrupted); on
 losing it, it forgets its trial and writes nothing (its writes are fenced by the lease epoch)."""
 from __future__ import annotations
 
 import logging
 
-from controller.alerts import AlertIntake
-from controller.lease import Lease
 from controller.loop import Controller
+from controller.operate.alerts import AlertIntake
+from controller.operate.lease import Lease
 from controller.periodic import Periodic
 
 log = logging.getLogger("governor.standby")
