@@ -1,7 +1,8 @@
 """The level-based reconcile loop: observe a Window, let the policy propose, run the proposal as a switchback trial
 (the engine alternates candidate and incumbent in short blocks), let the judge decide from the blocks, keep the
-candidate (new last-known-good) or go back to the incumbent. Alerts, operators and restarts enter through the same
-small set of actions; every one is recorded before it returns."""
+candidate (new last-known-good) or go back to the incumbent. Alerts and operators act through
+controller.operate.actions; restarts, drift and failed applies are handled here; every decision is recorded before it
+returns."""
 from __future__ import annotations
 
 import datetime as dt
@@ -9,12 +10,12 @@ import logging
 import threading
 import time
 
-from controller.clients import ApplyFailed, EngineClient, EngineClientError
+from controller.clients import EngineClient, EngineClientError
 from controller.counters import CountingSink, MetricsSink
 from controller.decide.calibration import Calibration
 from controller.decide.rule_policy import RulePolicy
 from controller.periodic import Periodic
-from controller.store import Pin, RollbackRow, Store
+from controller.store import Store
 from controller.strategy import UNMEASURED, Proposal, Strategy
 from controller.trials.judge import BETTER, INCONCLUSIVE, SwitchbackJudge, Verdict, same_tokens
 from controller.trials.trial import Trial, candidate_breaches, incumbent_breaks_slo, speculation_gain
@@ -25,14 +26,6 @@ from seam import EngineConfig, Experiment, Window
 log = logging.getLogger("governor.controller")
 MAX_NO_DATA_WINDOWS = 3     # a trial that sees no traffic for this many windows is reverted as inconclusive
 OUTCOMES = {BETTER: "kept", "worse": "reverted"}     # judge verdict -> trial outcome; otherwise the verdict itself
-
-
-class PinHeld(RuntimeError):
-    """An action that would change the config while a pin holds; the pin's owner releases it first."""
-
-    def __init__(self, pin: Pin):
-        super().__init__(f"config v{pin.config_version} is pinned by {pin.owner} ({pin.reason}); release it first")
-        self.pin = pin
 
 
 class Controller:
@@ -53,8 +46,8 @@ class Controller:
         self.alerts = None                         # set by AlertIntake, for the built-in SLO evaluator
         self.policy, self.policy_name = policy, policy_name
         self.calibration = Calibration()              # predicted vs measured gains, kept across policy switches
-        self.strategy = self._strategy_for(policy) if resume else RulePolicy(policy)
-        self._before_search: tuple[Policy, str] | None = None
+        self.strategy = self.strategy_for(policy) if resume else RulePolicy(policy)
+        self.before_search: tuple[Policy, str] | None = None   # the policy an Optuna search returns to
         self._wanted: EngineConfig | None = None     # a config to converge to that could not be applied yet
         self.current, self.last_known_good = self._resume() if resume else self._stored()
 
@@ -129,7 +122,7 @@ class Controller:
                                 f"enough traffic to judge it ({reason})")
             return
         if not self._no_data:
-            self._decide("no_data", reason + "; nothing is judged until traffic returns", window_summary(window))
+            self.decide("no_data", reason + "; nothing is judged until traffic returns", window_summary(window))
             self._no_data = True
 
     # -- trials ----------------------------------------------------------------------------------------------------
@@ -138,7 +131,7 @@ class Controller:
         config = self.store.record_config(proposal.config, "controller", proposal.reason)
         settings = self.policy.judge
         experiment = Experiment(incumbent=self.current, candidate=config, block_steps=settings.block_steps)
-        if not self._apply(experiment, f"trial: {proposal.reason}"):
+        if not self.apply(experiment, f"trial: {proposal.reason}"):
             self.strategy.finished(proposal, "failed", None, self.window_index)
             return
         trial_id = self.store.start_trial(self.strategy.name, config, self.current, proposal.predicted_gain,
@@ -146,7 +139,7 @@ class Controller:
         judge = SwitchbackJudge(settings, proposal.keep_gain, same_tokens=self.policy.trial.mode == "switchback"
                                 and same_tokens(self.current, config), configs=(self.current, config))
         self._trial = Trial(trial_id, proposal, config, baseline, judge)
-        self._decide("trial", proposal.reason, {**proposal.inputs, "kind": proposal.kind,
+        self.decide("trial", proposal.reason, {**proposal.inputs, "kind": proposal.kind,
                                                 "keep_gain": proposal.keep_gain, "baseline": window_summary(baseline),
                                                 "switchback": settings.model_dump()},
                      predicted_gain=proposal.predicted_gain, config_version=config.version, trial_id=trial_id)
@@ -188,11 +181,11 @@ class Controller:
         if outcome == "kept":
             self.last_known_good = trial.config
             self.store.set_last_known_good(trial.config)
-            if not self._converge(trial.config, f"keep trial {trial.id}"):
+            if not self.converge(trial.config, f"keep trial {trial.id}"):
                 reason += f"; v{trial.config.version} could not be applied yet, every tick retries it"
             action = {"fallback_probe": "fallback", "speculation_probe": "reenable"}.get(kind, "keep")
         else:
-            if not self._converge(self.last_known_good, f"end trial {trial.id}: {outcome}"):
+            if not self.converge(self.last_known_good, f"end trial {trial.id}: {outcome}"):
                 reason += f"; v{self.last_known_good.version} could not be applied yet, every tick retries it"
             self.metrics.rollback()
             self._cooldown_until = self.window_index + self.policy.trial.cooldown_windows + 1
@@ -200,7 +193,7 @@ class Controller:
         over_plain = speculation_gain(kind, gain)
         if over_plain is not None:
             inputs["speculation_gain_over_plain"] = over_plain
-        self._decide(action, reason, inputs, predicted_gain=trial.proposal.predicted_gain, measured_gain=gain,
+        self.decide(action, reason, inputs, predicted_gain=trial.proposal.predicted_gain, measured_gain=gain,
                      config_version=self.current.version, trial_id=trial.id)
 
     def _measured(self, verdict: Verdict) -> bool:
@@ -209,129 +202,31 @@ class Controller:
         the controller bench, and a shrink learned from such figures is noise."""
         return verdict.pairs >= self.policy.judge.min_samples
 
-    # -- actions from alerts, operators and the built-in SLO evaluator --------------------------------------------
+    # -- what the operator's actions (controller.operate.actions) build on -----------------------------------------
 
-    def rollback(self, reason: str, inputs: dict | None = None, alert: int | None = None,
-                 lift_pin: bool = False) -> int:
-        """Restore the last known good config and record exactly one rollback decision. While a pin holds, raises
-        PinHeld (the pin decides what runs), unless lift_pin (an operator's rollback lifts it). Raises ApplyFailed if
-        the engine could not take it (the running trial is over, `current` stays what the engine has, every tick
-        retries)."""
-        with self.lock:
-            pin = self.store.pin()
-            if pin is not None and not lift_pin:
-                raise PinHeld(pin)
-            from_version = self.current.version
-            ended = self._end_trial_for("rolled_back")
-            if pin is not None:
-                self.store.set_pin(None)
-            self._parts = []
-            if not self._converge(self.last_known_good, reason):
-                raise ApplyFailed(f"rollback to v{self.last_known_good.version} failed; retried every tick")
-            decision = self._decide("rollback", reason, {**(inputs or {}), "from_version": from_version,
-                                                         "ended_trial": ended,
-                                                         "lifted_pin": None if pin is None else pin.__dict__},
-                                    config_version=self.last_known_good.version, settles_alert=alert,
-                                    rollback=RollbackRow(reason, from_version, self.last_known_good.version))
-            self.metrics.rollback()
-            return decision
+    @property
+    def trial_running(self) -> bool:
+        return self._trial is not None
 
-    def pin(self, config: EngineConfig | None, owner: str, reason: str, alert: int | None = None) -> int:
-        """Hold config (the current one if None) until released; the loop proposes nothing meanwhile. The engine
-        checks config first: a refused one (EngineClientError) changes nothing. A running trial ends first; an
-        alert's pin (owner 'alert:...') of the current config holds the last known good instead, so that an
-        unjudged trial config never becomes last known good."""
-        with self.lock:
-            if config is not None:
-                self.client.check(config)
-                config = self.store.record_config(config, owner.split(":")[0], reason)
-            elif self._trial is not None:
-                config = self.last_known_good
-            ended = None
-            if config is not None:
-                if not self._apply(config, reason):
-                    raise ApplyFailed(f"pin: applying v{config.version} failed")
-                ended = self._end_trial_for("pinned_over")
-                self.current, self._wanted = config, None
-            self.store.set_pin(Pin(self.current.version, owner, reason))
-            return self._decide("pin", reason, {"owner": owner, "ended_trial": ended},
-                                config_version=self.current.version, settles_alert=alert)
+    def adopt(self, config: EngineConfig) -> None:
+        """The engine now runs config (applied by the caller): it is current, and nothing is left to converge to."""
+        self.current, self._wanted = config, None
 
-    def release(self, reason: str, owner: str | None = None, alert: int | None = None) -> int | None:
-        """Lift the pin (only the owner's, if owner is given); None if there is none to lift. An operator's pinned
-        config becomes the last known good; an alert's pin is never judged, so the last known good comes back."""
-        with self.lock:
-            pin = self.store.pin()
-            if pin is None or (owner is not None and pin.owner != owner):
-                return None
-            if pin.owner.startswith("alert:"):
-                if not self._converge(self.last_known_good, reason):
-                    raise ApplyFailed(f"release: restoring v{self.last_known_good.version} failed")
-            else:
-                self.last_known_good = self.current
-                self.store.set_last_known_good(self.current)
-            self.store.set_pin(None)
-            self.strategy.released(self.current)
-            return self._decide("release", reason, {"owner": pin.owner}, config_version=self.current.version,
-                                settles_alert=alert)
+    def forget_partial_window(self) -> None:
+        """Drop the checks of the window so far: they measured a config that no longer runs."""
+        self._parts = []
 
-    def disable_speculation(self, owner: str, reason: str, alert: int | None = None) -> int:
-        """Pin the last known good config with speculation off (never a trial's config)."""
-        with self.lock:
-            self.refuse_if_pinned()
-            return self.pin(self.last_known_good.changed(spec_method="off"), owner, reason, alert)
-
-    def notify(self, reason: str, inputs: dict, alert: int | None = None) -> int:
-        return self._decide("notify", reason, inputs, config_version=self.current.version, settles_alert=alert)
-
-    def skip(self, reason: str, inputs: dict, alert: int | None = None) -> int:
-        """Record that an action was not taken, and why (e.g. an alert's rollback while a pin holds)."""
-        return self._decide("skip", reason, inputs, config_version=self.current.version, settles_alert=alert,
-                            outcome="skipped")
-
-    def switch_policy(self, policy: Policy, name: str) -> int:
-        """The new policy's strategy is built first: one that cannot be built (raises) changes nothing."""
-        with self.lock:
-            strategy = self._strategy_for(policy)
-            ended = self._end_trial_for("abandoned", revert=True)
-            self.policy, self.policy_name, self.strategy = policy, name, strategy
-            return self._decide("policy_switch", f"policy switched to {name} ({policy.kind})",
-                                {"policy": name, "ended_trial": ended})
-
-    def start_search(self, policy: Policy, name: str) -> int | None:
-        """Switch to an Optuna policy, remembering the one in use to return to; None if a search already runs."""
-        with self.lock:
-            if self.policy.kind == "optuna":
-                return None
-            self._before_search = (self.policy, self.policy_name)
-            return self.switch_policy(policy, name)
-
-    def stop_search(self, default: Policy, default_name: str) -> int | None:
-        """Return from an Optuna search to the policy used before it (default if it ran from the start); None if
-        no search runs."""
-        with self.lock:
-            if self.policy.kind != "optuna":
-                return None
-            policy, name = self._before_search or (default, default_name)
-            self._before_search = None
-            return self.switch_policy(policy, name)
-
-    def refuse_if_pinned(self) -> None:
-        pin = self.store.pin()
-        if pin is not None:
-            raise PinHeld(pin)
-
-    def _end_trial_for(self, outcome: str, revert: bool = False) -> int | None:
+    def end_trial_for(self, outcome: str, revert: bool = False) -> int | None:
         """End the running trial because an action replaces it; revert: go back to the last known good too."""
         trial, self._trial = self._trial, None
         if trial is None:
             return None
-        self._parts = []        # they measured the trial's experiment
+        self.forget_partial_window()        # they measured the trial's experiment
         self.store.finish_trial(trial.id, outcome, None)
         self.metrics.trial(outcome)
         self.strategy.finished(trial.proposal, outcome, None, self.window_index)
         if revert:
-            self._converge(self.last_known_good, f"trial {trial.id} ended ({outcome})")
+            self.converge(self.last_known_good, f"trial {trial.id} ended ({outcome})")
         return trial.id
 
     def _evaluate_slo(self, window: Window) -> None:
@@ -382,7 +277,7 @@ class Controller:
         back. The strategy starts afresh (an Optuna search fails the trial the dead leader left running)."""
         with self.lock:
             self.step_down()
-            self.strategy = self._strategy_for(self.policy)
+            self.strategy = self.strategy_for(self.policy)
             self.current, self.last_known_good = self._resume()
 
     def step_down(self) -> None:
@@ -406,33 +301,33 @@ class Controller:
         pin, lkg = self.store.pin(), self.store.last_known_good()
         if lkg is None:
             lkg = self.store.record_config(self.client.config(), "engine", "the engine's config at first start")
-            if not self._apply(lkg, "first start"):  # the same knobs, under the store's version number
+            if not self.apply(lkg, "first start"):  # the same knobs, under the store's version number
                 self._wanted = lkg
             self.store.set_last_known_good(lkg)
-            self._decide("start", "first start: the engine's config is the last known good", {},
+            self.decide("start", "first start: the engine's config is the last known good", {},
                          config_version=lkg.version)
             return lkg, lkg
         current = self.store.config(pin.config_version) if pin else lkg
-        if not self._apply(current, "restart"):
+        if not self.apply(current, "restart"):
             self._wanted = current
-        self._decide("resume", f"restart: resumed {'the pinned' if pin else 'the last known good'} config "
+        self.decide("resume", f"restart: resumed {'the pinned' if pin else 'the last known good'} config "
                      f"v{current.version}", {"pin": None if pin is None else pin.__dict__},
                      config_version=current.version)
         return current, lkg
 
-    def _apply(self, change: EngineConfig | Experiment, reason: str) -> bool:
+    def apply(self, change: EngineConfig | Experiment, reason: str) -> bool:
         try:
             self.client.apply(change)
         except EngineClientError as error:
             config = change.candidate if isinstance(change, Experiment) else change
-            self._decide("apply_failed", f"{reason}: {error}", {"config": config.model_dump()},
+            self.decide("apply_failed", f"{reason}: {error}", {"config": config.model_dump()},
                          config_version=config.version)
             return False
         return True
 
-    def _converge(self, config: EngineConfig, reason: str) -> bool:
+    def converge(self, config: EngineConfig, reason: str) -> bool:
         """Apply config; `current` follows only if the engine took it, else every tick retries it."""
-        if self._apply(config, reason):
+        if self.apply(config, reason):
             self.current, self._wanted = config, None
             return True
         self._wanted = config
@@ -457,11 +352,11 @@ class Controller:
         reason = ("drift: " + ", ".join(f"{where} serves v{version}" for where, version in drifted.items())
                   + f"; the controller holds v{target.version}, re-applied") if drifted \
             else f"re-applied v{target.version}, which an earlier apply could not take into use"
-        ended = self._end_trial_for("abandoned")
-        if self._converge(target, reason):
-            self._decide("reapply", reason, {"drifted": drifted, "ended_trial": ended}, config_version=target.version)
+        ended = self.end_trial_for("abandoned")
+        if self.converge(target, reason):
+            self.decide("reapply", reason, {"drifted": drifted, "ended_trial": ended}, config_version=target.version)
 
-    def _decide(self, action: str, reason: str, inputs: dict, **fields) -> int:
+    def decide(self, action: str, reason: str, inputs: dict, **fields) -> int:
         """Recorded in one transaction with what it settles (an alert's outcome, a rollback row)."""
         decision = self.store.record_decision(action, reason, inputs, **fields)
         self.metrics.decision(action)
@@ -469,7 +364,7 @@ class Controller:
         self.on_decision(decision, action, reason)
         return decision
 
-    def _strategy_for(self, policy: Policy) -> Strategy:
+    def strategy_for(self, policy: Policy) -> Strategy:
         if policy.kind == "optuna":
             # optuna is heavy (it loads alembic and the samplers): imported only when a search runs
             from controller.decide.optuna_search import OptunaSearch

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from controller.clients import ApplyFailed, EngineClientError
 from controller.loop import Controller
+from controller.operate.actions import Operator
 from controller.operate.alerts import AlertIntake, AlertmanagerPayload
 from controller.operate.lease import Lease
 from policies import Policy, PolicyError, load_policy, parse_policy, shipped_policies
@@ -63,7 +64,7 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
     token = [Depends(bearer_guard(admin_token))]
     admin = [*token, Depends(leader_guard(lease))]      # writes: the token, and only on the leader
     router = APIRouter()
-    store = controller.store
+    store, operator = controller.store, Operator(controller)
 
     @router.get("/admin/window", responses={404: error("no window closed yet")})
     async def window():
@@ -86,7 +87,7 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
     async def pin_config(request: Request):
         try:
             config = EngineConfig.model_validate_json(await request.body(), strict=True)
-            decision = await to_thread(controller.pin, config, "operator", "operator override via PUT /admin/config")
+            decision = await to_thread(operator.pin, config, "operator", "operator override via PUT /admin/config")
         except ValidationError as error:
             raise invalid_body(error) from error
         except ApplyFailed as error:
@@ -98,7 +99,7 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
     @router.post("/admin/release", dependencies=admin, responses={**CONFLICT, **APPLY_FAILED})
     async def release():
         try:
-            decision = await to_thread(controller.release, "operator released the pin via POST /admin/release")
+            decision = await to_thread(operator.release, "operator released the pin via POST /admin/release")
         except ApplyFailed as error:
             raise APIError(503, str(error), kind="server_error", code="apply_failed") from error
         if decision is None:
@@ -108,7 +109,7 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
     @router.post("/admin/rollback", dependencies=admin, responses={**APPLY_FAILED, **CONFLICT})
     async def rollback():
         try:
-            decision = await to_thread(controller.rollback, "operator rollback via POST /admin/rollback", lift_pin=True)
+            decision = await to_thread(operator.rollback, "operator rollback via POST /admin/rollback", lift_pin=True)
         except ApplyFailed as error:
             raise APIError(503, str(error), kind="server_error", code="apply_failed") from error
         return {"config": controller.current.model_dump(), "decision": decision}
@@ -151,7 +152,7 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
             raise invalid_body(error) from error
         except PolicyError as error:
             raise APIError(400, str(error), error.field) from error
-        decision = await to_thread(controller.switch_policy, policy, name)
+        decision = await to_thread(operator.switch_policy, policy, name)
         return {"name": name, "decision": decision}
 
     def switched(decision: int | None, refusal: str) -> dict:
@@ -161,12 +162,12 @@ def create_admin_router(controller: Controller, intake: AlertIntake, admin_token
 
     @router.post("/admin/search/start", dependencies=admin, responses=CONFLICT)
     async def start_search():
-        return switched(await to_thread(controller.start_search, load_policy("optuna"), "optuna"),
+        return switched(await to_thread(operator.start_search, load_policy("optuna"), "optuna"),
                         "an Optuna search is already running")
 
     @router.post("/admin/search/stop", dependencies=admin, responses=CONFLICT)
     async def stop_search():
-        return switched(await to_thread(controller.stop_search, load_policy("default"), "default"),
+        return switched(await to_thread(operator.stop_search, load_policy("default"), "default"),
                         "no Optuna search is running")
 
     @router.post("/alerts", dependencies=token, responses={**ERRORS, **ALERT_FAILED})

@@ -19,7 +19,8 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator
 
 from controller.clients import EngineClientError
-from controller.loop import Controller, PinHeld
+from controller.loop import Controller
+from controller.operate.actions import Operator, PinHeld
 from controller.store import SETTLED
 from policies import AlertAction
 from seam.http import Text, no_lone_surrogates
@@ -82,7 +83,7 @@ class AlertmanagerPayload(BaseModel):
 
 class AlertIntake:
     def __init__(self, controller: Controller, leading: Callable[[], bool] = lambda: True):
-        self.controller, self.leading = controller, leading
+        self.controller, self.operator, self.leading = controller, Operator(controller), leading
         controller.alerts = self
 
     def action_for(self, alert: Alert) -> str:
@@ -140,7 +141,7 @@ class AlertIntake:
             try:
                 decision = self._act(alert, name, action, alert_id, source)
             except PinHeld as held:
-                decision = controller.skip(f"alert {name} firing: {action} skipped: {held}",
+                decision = self.operator.skip(f"alert {name} firing: {action} skipped: {held}",
                                            self._inputs(alert, name, source), alert_id)
                 return {**result, "outcome": "skipped", "reason": str(held), "decision": decision}
             except EngineClientError as error:
@@ -153,18 +154,18 @@ class AlertIntake:
             return {**result, "outcome": "acted", "decision": decision}
 
     def _act(self, alert: Alert, name: str, action: str, alert_id: int, source: str) -> int | None:
-        controller, owner = self.controller, f"alert:{alert.fingerprint}"
+        owner = f"alert:{alert.fingerprint}"
         if alert.status == "resolved":
-            return controller.release(f"alert {name} resolved", owner=owner, alert=alert_id)
+            return self.operator.release(f"alert {name} resolved", owner=owner, alert=alert_id)
         reason = f"alert {name} firing: {action}"
         if action == "rollback":
-            return controller.rollback(reason, self._inputs(alert, name, source), alert=alert_id)
+            return self.operator.rollback(reason, self._inputs(alert, name, source), alert=alert_id)
         if action == "disable_speculation":
-            return controller.disable_speculation(owner, reason, alert=alert_id)
+            return self.operator.disable_speculation(owner, reason, alert=alert_id)
         if action == "pin":
-            controller.refuse_if_pinned()
-            return controller.pin(None, owner, reason, alert=alert_id)
-        return controller.notify(reason, self._inputs(alert, name, source), alert=alert_id)
+            self.operator.refuse_if_pinned()
+            return self.operator.pin(None, owner, reason, alert=alert_id)
+        return self.operator.notify(reason, self._inputs(alert, name, source), alert=alert_id)
 
     @staticmethod
     def _inputs(alert: Alert, name: str, source: str) -> dict:

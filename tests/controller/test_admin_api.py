@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from controller.clients import InProcessClient
+from controller.operate.actions import Operator
 from controller.plane import build_control_plane
 from controller.store import AlertRecord, ConfigVersion, Decision
 from engine.server.service import EngineService
@@ -119,7 +120,7 @@ def test_a_search_running_from_the_start_stops_to_the_default_policy(api):
 def test_a_pinned_config_is_respected_by_the_loop(plane, prompts):
     service, control = plane
     controller, engine = control.controller, service.engine
-    controller.pin(EngineConfig(draft_len=1), "operator", "hold k=1")
+    Operator(controller).pin(EngineConfig(draft_len=1), "operator", "hold k=1")
     from tests.controller.traffic import ClosedLoopTraffic
     with ClosedLoopTraffic(engine, prompts):
         for _ in range(4):

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from controller.clients import InProcessClient
+from controller.operate.actions import Operator
 from controller.plane import build_control_plane
 from controller.store import AlertOutcome, AlertRecord, Decision, Rollback
 from engine.server.service import EngineService
@@ -176,7 +177,7 @@ def test_a_builtin_breach_away_from_the_last_known_good_asks_for_a_rollback(buil
     from controller.operate.alerts import AlertIntake
     engine, controller = build(fast_policy(slo={"inter_token_p99_seconds": 1e-6}, trial={"min_predicted_gain": 100.0}))
     AlertIntake(controller)
-    controller.pin(controller.current.changed(draft_len=2), "operator", "hold k 2")
+    Operator(controller).pin(controller.current.changed(draft_len=2), "operator", "hold k 2")
     _break_the_slo_for_three_windows(engine, controller, prompts)
     alerts = controller.store.rows(AlertRecord)
     assert [(a["name"], a["action"]) for a in alerts] == [("GovernorSLOBreach", "rollback")]

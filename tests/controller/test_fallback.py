@@ -3,6 +3,7 @@ probe windows of both modes, on a workload where speculation truly loses (hot pr
 pays (greedy code); no flapping back under stationary traffic (re-enable needs min_gain + hysteresis)."""
 import time
 
+from controller.operate.actions import Operator
 from controller.store import Decision, Trial
 from governor.loadgen import prompt_set
 from seam import SamplingParams
@@ -96,14 +97,14 @@ def test_falls_back_on_hot_prose_where_prompt_lookup_loses_and_reenables_on_code
 def test_releasing_a_pin_that_turned_speculation_off_probes_it_at_the_next_window(build, prompts):
     policy = fast_policy(speculation={"reprobe_windows": 1000}, trial={"min_predicted_gain": 100.0})
     engine, controller = build(policy, k=3)
-    controller.disable_speculation("operator", "operator pins plain decoding")
+    Operator(controller).disable_speculation("operator", "operator pins plain decoding")
     with ClosedLoopTraffic(engine, prompts, concurrency=LOAD):
         engine.snapshot()
         for _ in range(2):
             time.sleep(controller.policy.window.seconds)
             controller.tick()
         assert not controller.store.rows(Decision, action="trial")
-        controller.release("operator released the pin")
+        Operator(controller).release("operator released the pin")
         time.sleep(controller.policy.window.seconds)
         controller.tick()
     trials = controller.store.rows(Decision, action="trial")

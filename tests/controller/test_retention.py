@@ -2,6 +2,7 @@
 history that last-known-good, a pin and rollback need stays, and rollback still works after a sweep."""
 import datetime as dt
 
+from controller.operate.actions import Operator
 from controller.operate.retention import RetentionSweeper
 from controller.store import SETTLED, ConfigVersion, Decision, Pin, Rollback, Trial
 from seam import EngineConfig
@@ -15,9 +16,9 @@ def _history(controller):
         config = store.record_config(EngineConfig(draft_len=k), "controller", f"try k={k}")
         trial = store.start_trial("rules", config, controller.last_known_good, 1.1)
         store.finish_trial(trial, "reverted", 0.9)
-        controller.notify(f"window judged k={k}", {"emitted_tokens": 100})
-    controller.rollback("operator rollback")
-    controller.pin(EngineConfig(draft_len=5), "operator", "hold k=5")
+        Operator(controller).notify(f"window judged k={k}", {"emitted_tokens": 100})
+    Operator(controller).rollback("operator rollback")
+    Operator(controller).pin(EngineConfig(draft_len=5), "operator", "hold k=5")
 
 
 def test_a_sweep_past_everything_keeps_what_rollback_needs(build, store_url):
@@ -31,7 +32,7 @@ def test_a_sweep_past_everything_keeps_what_rollback_needs(build, store_url):
     assert store.count(Decision) == store.count(Trial) == store.count(Rollback) == 0
     assert {row["id"] for row in store.rows(ConfigVersion)} == {lkg, pinned}
     assert store.last_known_good().version == lkg and store.pin() == Pin(pinned, "operator", "hold k=5")
-    controller.rollback("operator rollback after the sweep", lift_pin=True)     # as POST /admin/rollback does
+    Operator(controller).rollback("operator rollback after the sweep", lift_pin=True)     # as POST /admin/rollback does
     assert engine.snapshot().config_version == lkg and controller.current == store.config(lkg)
 
 
@@ -59,7 +60,7 @@ def test_a_sweep_keeps_alert_outcomes_so_a_redelivery_still_acts_once(build):
     alert = {"fingerprint": "f1", "starts_at": "2026-01-01T00:00:00Z", "status": "firing", "name": "SLO",
              "action": "notify", "labels": {"alertname": "SLO"}, "annotations": {}, "source": "alertmanager"}
     alert_id, _ = store.record_alert(**alert)
-    decision = controller.notify("alert SLO firing: notify", {}, alert=alert_id)
+    decision = Operator(controller).notify("alert SLO firing: notify", {}, alert=alert_id)
     later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=2)
     assert RetentionSweeper(controller, days=1).sweep(now=later)["decisions"] > 0
     assert store.count(Decision, id=decision) == 0

@@ -7,6 +7,7 @@ import pytest
 
 from controller import Controller, InProcessClient, Store
 from controller.clients import EngineClientError
+from controller.operate.actions import Operator
 from controller.operate.alerts import AlertIntake, AlertmanagerPayload
 from controller.store import ConfigVersion, Decision, Trial
 from policies import parse_policy
@@ -39,7 +40,7 @@ def test_a_pin_the_engine_refuses_changes_nothing_not_even_the_running_trial(bui
     before = _everything(controller, engine)
     one_expert_everywhere = [[0] * 8 for _ in engine.target.moe_blocks]
     with pytest.raises(EngineClientError, match="placement"):
-        controller.pin(controller.current.changed(placement=one_expert_everywhere), "operator", "refused")
+        Operator(controller).pin(controller.current.changed(placement=one_expert_everywhere), "operator", "refused")
     assert _everything(controller, engine) == before
 
 
@@ -61,7 +62,7 @@ def test_an_alert_disabling_speculation_mid_trial_pins_the_last_known_good_and_n
 
 def test_an_alert_rollback_under_an_operator_pin_is_recorded_as_skipped_across_a_restart(build, db_url):
     engine, controller = build(fast_policy(), k=3)
-    controller.pin(controller.current.changed(draft_len=6), "operator", "hold k=6")
+    Operator(controller).pin(controller.current.changed(draft_len=6), "operator", "hold k=6")
     pinned = controller.current
     reply = AlertIntake(controller).receive(AlertmanagerPayload.model_validate(_payload(fingerprint="f2")))
     assert [s["outcome"] for s in reply["skipped"]] == ["skipped"] and not reply["acted"]

@@ -9,6 +9,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from controller import Controller, InProcessClient, Store
+from controller.operate.actions import Operator
 from dashboards.operator_page import create_dashboard_router, dashboard_state
 from engine.server.local_server import free_port
 from engine.telemetry.live import LiveTelemetry
@@ -31,7 +32,7 @@ def _state(controller: Controller) -> dict:
 
 def test_speculation_is_on_then_off_by_an_operator_pin(controller):
     assert _state(controller)["speculation"] == "on"
-    controller.pin(controller.current.model_copy(update={"spec_method": "off"}), "operator", "plain decoding")
+    Operator(controller).pin(controller.current.model_copy(update={"spec_method": "off"}), "operator", "plain decoding")
     state = _state(controller)
     assert state["speculation"] == "off"
     assert state["decisions"][0]["action"] == "pin"
@@ -40,7 +41,7 @@ def test_speculation_is_on_then_off_by_an_operator_pin(controller):
 
 
 def test_speculation_turned_off_by_an_alert_is_fallback(controller):
-    controller.disable_speculation("alert:abc123", "SpecDecodeAcceptanceLow firing")
+    Operator(controller).disable_speculation("alert:abc123", "SpecDecodeAcceptanceLow firing")
     assert _state(controller)["speculation"] == "fallback"
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from controller import Controller, Store
 from controller.clients import ApplyFailed, HttpClient
+from controller.operate.actions import Operator
 from controller.store import Decision
 from policies import parse_policy
 from tests.controller.server import AUTH, TOKEN
@@ -31,11 +32,11 @@ def test_drift_is_reapplied_and_a_failed_apply_changes_nothing_until_it_succeeds
         assert reapplied["inputs"]["drifted"] == {url: 0}
 
         pinned = controller.current.changed(draft_len=good.draft_len + 2)
-        controller.pin(pinned, "operator", "test pin")
+        Operator(controller).pin(pinned, "operator", "test pin")
         held = controller.current
         engine.stop()                                           # the injected fault: every apply now fails
         with pytest.raises(ApplyFailed):
-            controller.rollback("operator rollback while the engine is down", lift_pin=True)
+            Operator(controller).rollback("operator rollback while the engine is down", lift_pin=True)
         assert controller.current == held and controller.state()["converging_to"] == good.version
 
         url, engine = start_serve(tmp_path, "engine-restarted", "--no-controller", port=port)
