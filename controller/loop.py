@@ -14,6 +14,7 @@ from controller.clients import EngineClient, EngineClientError
 from controller.counters import CountingSink, MetricsSink
 from controller.decide.calibration import Calibration
 from controller.decide.rule_policy import RulePolicy
+from controller.outcomes import Action, JudgeOutcome, ProposalKind, TrialOutcome
 from controller.periodic import Periodic
 from controller.store import Store
 from controller.strategy import UNMEASURED, Proposal, Strategy
@@ -25,7 +26,8 @@ from seam import EngineConfig, Experiment, Window
 
 log = logging.getLogger("governor.controller")
 MAX_NO_DATA_WINDOWS = 3     # a trial that sees no traffic for this many windows is reverted as inconclusive
-OUTCOMES = {BETTER: "kept", "worse": "reverted"}     # judge verdict -> trial outcome; otherwise the verdict itself
+KEPT_PROBE_ACTIONS: dict[ProposalKind, Action] = {"fallback_probe": "fallback", "speculation_probe": "reenable"}
+OUTCOMES: dict[JudgeOutcome, TrialOutcome] = {BETTER: "kept", "worse": "reverted"}   # otherwise the verdict itself
 
 
 class Controller:
@@ -162,7 +164,7 @@ class Controller:
         self._end_trial(outcome, verdict.reason, verdict)
         return True
 
-    def _end_trial(self, outcome: str, reason: str, verdict: Verdict | None = None) -> None:
+    def _end_trial(self, outcome: TrialOutcome, reason: str, verdict: Verdict | None = None) -> None:
         trial, self._trial = self._trial, None
         kind = trial.proposal.kind
         gain = verdict.comparison.effect if verdict is not None and verdict.comparison is not None else None
@@ -183,7 +185,7 @@ class Controller:
             self.store.set_last_known_good(trial.config)
             if not self.converge(trial.config, f"keep trial {trial.id}"):
                 reason += f"; v{trial.config.version} could not be applied yet, every tick retries it"
-            action = {"fallback_probe": "fallback", "speculation_probe": "reenable"}.get(kind, "keep")
+            action: Action = KEPT_PROBE_ACTIONS.get(kind, "keep")
         else:
             if not self.converge(self.last_known_good, f"end trial {trial.id}: {outcome}"):
                 reason += f"; v{self.last_known_good.version} could not be applied yet, every tick retries it"
@@ -216,7 +218,7 @@ class Controller:
         """Drop the checks of the window so far: they measured a config that no longer runs."""
         self._parts = []
 
-    def end_trial_for(self, outcome: str, revert: bool = False) -> int | None:
+    def end_trial_for(self, outcome: TrialOutcome, revert: bool = False) -> int | None:
         """End the running trial because an action replaces it; revert: go back to the last known good too."""
         trial, self._trial = self._trial, None
         if trial is None:
@@ -356,7 +358,7 @@ class Controller:
         if self.converge(target, reason):
             self.decide("reapply", reason, {"drifted": drifted, "ended_trial": ended}, config_version=target.version)
 
-    def decide(self, action: str, reason: str, inputs: dict, **fields) -> int:
+    def decide(self, action: Action, reason: str, inputs: dict, **fields) -> int:
         """Recorded in one transaction with what it settles (an alert's outcome, a rollback row)."""
         decision = self.store.record_decision(action, reason, inputs, **fields)
         self.metrics.decision(action)

@@ -18,6 +18,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, Ope
     SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from controller.outcomes import Action, TrialOutcome
 from seam import EngineConfig, strict_json
 
 
@@ -262,7 +263,7 @@ class Store:
 
     # -- decisions, trials, rollbacks -------------------------------------------------------------------------
 
-    def record_decision(self, action: str, reason: str, inputs: dict[str, Any] | None = None,
+    def record_decision(self, action: Action, reason: str, inputs: dict[str, Any] | None = None,
                         predicted_gain: float | None = None, measured_gain: float | None = None,
                         config_version: int | None = None, trial_id: int | None = None,
                         rollback: RollbackRow | None = None, settles_alert: int | None = None,
@@ -287,7 +288,7 @@ class Store:
         return self._add(Trial(policy=policy, config_version=config.version, baseline_version=baseline.version,
                                predicted_gain=predicted_gain, optuna_trial=optuna_trial))
 
-    def finish_trial(self, trial_id: int, outcome: str, measured_gain: float | None) -> bool:
+    def finish_trial(self, trial_id: int, outcome: TrialOutcome, measured_gain: float | None) -> bool:
         """False if the trial had already finished (another writer finished it first): it stays as that one left it."""
         with self.write() as session:
             return session.execute(update(Trial).where(Trial.id == trial_id, Trial.outcome == "running").values(

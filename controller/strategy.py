@@ -5,18 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from controller.outcomes import ProposalKind, TrialOutcome
 from seam import EngineConfig, Window
 
-UNMEASURED = "unmeasured"   # a trial's outcome when it ended inconclusive before a look's min_samples pairs: the load
-                            # left before it measured anything
-PROBES = ("fallback_probe", "speculation_probe")    # trials of the other speculation mode at one batch band: k to or
-                                                    # from 0 there, not a change predicted to pay
+UNMEASURED: TrialOutcome = "unmeasured"     # inconclusive before a look's min_samples pairs: the load left before
+                                            # it measured anything
+PROBES: tuple[ProposalKind, ...] = ("fallback_probe", "speculation_probe")
+# PROBES: trials of the other speculation mode at one batch band, k to or from 0 there, not a change predicted to pay
 
 
 @dataclass(frozen=True)
 class Proposal:
     config: EngineConfig        # unversioned; the loop records it as a new version
-    kind: str       # draft_len, spec_method, fallback_probe, speculation_probe, capacity_factor, placement, optuna
+    kind: ProposalKind
     reason: str
     keep_gain: float            # keep the trial if the judge's lower bound of candidate / incumbent clears this
     predicted_gain: float | None = None     # calibrated (controller.decide.calibration): what the proposal was made on
@@ -34,7 +35,7 @@ class Strategy(Protocol):
     def propose(self, current: EngineConfig, baseline: Window, window_index: int) -> Proposal | None:
         """The next change to try from `current`, judged against `baseline`; None: nothing worth trying now."""
 
-    def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int,
+    def finished(self, proposal: Proposal, outcome: TrialOutcome, window: Window | None, window_index: int,
                  measured_gain: float | None = None) -> None:
         """How a proposal's trial ended (kept, reverted, no_difference, futile, inconclusive, unmeasured, cut_short,
         rolled_back, failed); window: what the candidate's blocks measured (None when it ended without one);

@@ -9,6 +9,7 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
+from controller.outcomes import TrialOutcome
 from controller.strategy import Proposal
 from controller.window_stats import tokens_per_busy_second
 from policies import Policy, SearchSpace
@@ -52,7 +53,7 @@ class OptunaSearch:
                                                                        "params": trial.params},
                         optuna_trial=trial)
 
-    def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int,
+    def finished(self, proposal: Proposal, outcome: TrialOutcome, window: Window | None, window_index: int,
                  measured_gain: float | None = None) -> None:
         trial = proposal.optuna_trial
         judged = ("kept", "reverted", "no_difference", "futile", "inconclusive")

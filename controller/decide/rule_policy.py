@@ -10,6 +10,7 @@ from controller.decide.calibration import Calibration
 from controller.decide.goodput import MIN_FIT_STEPS, GoodputModel
 from controller.decide.planner import plan_placement
 from controller.decide.schedule import MAX_BAND, learned, schedule_text, with_bands, with_schedule
+from controller.outcomes import TrialOutcome
 from controller.strategy import PROBES, UNMEASURED, Proposal
 from controller.trials.judge import INCONCLUSIVE
 from controller.window_stats import tokens_per_busy_second
@@ -58,7 +59,7 @@ class RulePolicy:
             if window.spec_method in (method, "off"):
                 model.observe(window)
 
-    def finished(self, proposal: Proposal, outcome: str, window: Window | None, window_index: int,
+    def finished(self, proposal: Proposal, outcome: TrialOutcome, window: Window | None, window_index: int,
                  measured_gain: float | None = None) -> None:
         if outcome == "failed" and proposal.kind == "spec_method":
             self.state.unavailable.add(proposal.config.spec_method)
@@ -379,7 +380,7 @@ def _plain_at(config: EngineConfig, band: int) -> EngineConfig:
     return candidate if candidate.speculative_len > 0 else config.changed(spec_method="off")
 
 
-def _ahead_undecided(proposal: Proposal, outcome: str, measured_gain: float | None) -> bool:
+def _ahead_undecided(proposal: Proposal, outcome: TrialOutcome, measured_gain: float | None) -> bool:
     """Did a trial end undecided with its estimate past its bar? A probe that did measured the probed mode ahead, not
     losing, and is no loss for the backoff: in the controller bench, probes of speculation at 6-11 sequences of the
     mixed phase ended undecided at 1.12-1.25x (bar 1.10x) as the phase ended, and the doubled wait that followed

@@ -37,10 +37,15 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from scipy import stats
 
+from controller.outcomes import JudgeOutcome
 from policies import JudgePolicy
 from seam import Block, EngineConfig
 
-BETTER, WORSE, NO_DIFFERENCE, FUTILE, INCONCLUSIVE = "better", "worse", "no_difference", "futile", "inconclusive"
+BETTER: JudgeOutcome = "better"
+WORSE: JudgeOutcome = "worse"
+NO_DIFFERENCE: JudgeOutcome = "no_difference"
+FUTILE: JudgeOutcome = "futile"
+INCONCLUSIVE: JudgeOutcome = "inconclusive"
 EXACT_UP_TO = 25      # pairs up to which the signed-rank test uses its exact null distribution
 MIN_PAIRS_TO_ADJUST = 8   # fewer pairs than this are not adjusted for batch size: a slope from them is mostly noise
 MOVED_PAIRS = 8       # decoded pairs in a row that step alike: the load left the batch sizes a trial changes
@@ -157,7 +162,7 @@ def look_shares(looks: int, min_samples: int, alpha: float) -> list[float]:
 @dataclass
 class Verdict:
     """What a look found; outcome None means the trial goes on."""
-    outcome: str | None
+    outcome: JudgeOutcome | None
     reason: str
     pairs: int
     blocks: int
@@ -341,7 +346,8 @@ class SwitchbackJudge:
             return False
         return _p(log_ratios - math.log(self.keep_gain), "less") < 1 - futility
 
-    def _reason(self, outcome: str, comparison: Comparison | None, confidence: float, pairs: int, blocks: int) -> str:
+    def _reason(self, outcome: JudgeOutcome, comparison: Comparison | None, confidence: float, pairs: int,
+                blocks: int) -> str:
         if comparison is None:
             return (f"{pairs} block pairs that can be tested after {blocks} blocks (an interval at {confidence:.2%} "
                     f"needs {min_pairs_for_interval(confidence)}): "
