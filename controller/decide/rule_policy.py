@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from controller.decide.calibration import Calibration
+from controller.decide.expert_rules import PlacementMemory, capacity_factor_change, re_placement
 from controller.decide.goodput import MIN_FIT_STEPS, GoodputModel
-from controller.decide.planner import plan_placement
 from controller.decide.schedule import MAX_BAND, learned, schedule_text, with_bands, with_schedule
 from controller.outcomes import TrialOutcome
 from controller.strategy import PROBES, UNMEASURED, Proposal
@@ -16,7 +15,6 @@ from controller.trials.judge import INCONCLUSIVE
 from controller.window_stats import tokens_per_busy_second
 from policies import Policy
 from seam import DraftLenSchedule, EngineConfig, Window, batch_band
-from seam.placement import Topology, balancedness, tokens_per_device
 
 DRAFTERS = ("draft_model", "ngram")
 LIGHT_BAND = 1           # batch sizes up to 2: where an untried drafter is tried (see RulePolicy._untried_drafter)
@@ -33,10 +31,7 @@ class RuleState:
                                     # probe kind -> band -> its probes in a row that the probed mode lost there
     last_drafter_probe: int | None = None                # window index of the last try of the other drafter
     rejected: dict[tuple, int] = field(default_factory=dict)   # (kind, value) -> window index it was reverted
-    last_placement: int | None = None
-    placement_heat: np.ndarray | None = None            # the expert heat the last re-placement was planned from
-    held_heat: np.ndarray | None = None                 # ... if its trial did not keep it: no re-placement until the
-                                                        # heat moves away from it
+    placement: PlacementMemory = field(default_factory=PlacementMemory)
     spec_method: str = "draft_model"                     # the method to re-enable speculation with
     k_schedule: DraftLenSchedule | None = None           # ... and the k by batch size it last ran with
     band_k: dict[int, int] = field(default_factory=dict)   # band -> the k it drafted when plain decoding was probed
@@ -67,8 +62,8 @@ class RulePolicy:
             self.state.tried_blind.add(proposal.config.spec_method)
         if outcome != "kept":
             self.state.rejected[(proposal.kind, _value(proposal))] = window_index
-        if proposal.kind == "placement" and outcome not in ("failed", UNMEASURED):
-            self.state.held_heat = None if outcome == "kept" else self.state.placement_heat
+        if proposal.kind == "placement":
+            self.state.placement.finished(outcome)
         if proposal.kind in PROBES and outcome != UNMEASURED:
             lost, band = self.state.probes_lost, proposal.inputs["band"]
             if outcome == "kept":           # the probe measured the mode it replaced losing: once, for its next probe
@@ -82,7 +77,7 @@ class RulePolicy:
         reprobe_windows (a pin that turned speculation off should not keep it off once lifted)."""
         self.state.last_mode_probe = -self.policy.speculation.reprobe_windows
         self.state.tried_blind.clear()
-        self.state.held_heat = None
+        self.state.placement.held = None
         for lost in self.state.probes_lost.values():
             lost.clear()
         for probe in [key for key in self.state.rejected if key[0] == "speculation_probe"]:
@@ -305,62 +300,15 @@ class RulePolicy:
                         f"({schedule_text(candidate)})", keep_gain=self.policy.trial.keep_gain, predicted_gain=gain,
                         raw_gain=raw, inputs=self._inputs(current, baseline))
 
-    # -- capacity factor and placement (MoE targets only) -----------------------------------------------------------
+    # -- capacity factor and placement (MoE targets only): controller.decide.expert_rules ----------------------------
 
     def _capacity_factor(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
-        factor, dropped = current.capacity_factor, baseline.dropped_tokens
-        if factor == 0 or not baseline.expert_tokens:
-            return None
-        capacity = self.policy.capacity
-        routed = float(np.sum(baseline.expert_tokens))
-        drop_rate = dropped / routed if routed else 0.0
-        waste = 1 - (1 - drop_rate) / factor
-        inputs = {**self._inputs(current, baseline), "drop_rate": drop_rate, "padding_waste": waste}
-        if drop_rate > capacity.max_drop_rate and factor < capacity.max_factor:
-            new = min(factor + capacity.step, capacity.max_factor)
-            reason = f"capacity factor {factor} -> {new}: drop rate {drop_rate:.4f} > {capacity.max_drop_rate}"
-        elif drop_rate == 0 and waste > capacity.max_padding_waste and factor > capacity.min_factor:
-            new = max(factor - capacity.step, capacity.min_factor)
-            reason = f"capacity factor {factor} -> {new}: padding waste {waste:.3f} > {capacity.max_padding_waste}"
-        else:
-            return None
-        return Proposal(current.changed(capacity_factor=new), "capacity_factor", reason,
-                        keep_gain=self.policy.trial.keep_gain, inputs=inputs)
+        return capacity_factor_change(current, baseline, self.policy.capacity, self.policy.trial.keep_gain,
+                                      lambda: self._inputs(current, baseline))
 
     def _placement(self, current: EngineConfig, baseline: Window, index: int) -> Proposal | None:
-        """Re-place experts by the planner when balancedness is low and the calibrated gain, over payback_windows,
-        earns back the migration stall. One whose trial was not kept holds off until the heat moves heat_shift away
-        from what it was planned on: on the same heat the planner proposes the same placement, and in `make run` the
-        same re-placement (balancedness 0.74 -> 0.98 predicted, 0.98-1.02x measured) came back every 2 minutes."""
-        balance, slot_tokens, rank_tokens = baseline.balancedness, baseline.slot_tokens, baseline.rank_tokens
-        placement = self.policy.placement
-        if balance is None or not slot_tokens or not rank_tokens or balance >= placement.rebalance_below:
-            return None
-        if self.state.last_placement is not None and index - self.state.last_placement < placement.cooldown_windows:
-            return None
-        heat = np.asarray(baseline.expert_tokens, dtype=float)
-        held = self.state.held_heat
-        if held is not None and heat_moved(held, heat) < placement.heat_shift:
-            return None
-        devices = len(rank_tokens[0])
-        topology = Topology(nodes=1, devices=devices, slots_per_device=len(slot_tokens[0]) // devices)
-        phy2log = plan_placement(heat, topology)
-        predicted = balancedness(tokens_per_device(_slot_heat(heat, phy2log), topology))
-        if predicted is None or predicted <= balance:
-            return None
-        raw = predicted / balance
-        gain = self.calibration.corrected("placement", raw)
-        saved = baseline.target_forward_seconds * (1 - 1 / gain) * placement.payback_windows
-        if saved <= placement.migration_stall_seconds:
-            return None
-        self.state.last_placement, self.state.placement_heat = index, heat
-        return Proposal(current.changed(placement=phy2log), "placement",
-                        f"re-place experts: balancedness {balance:.3f} -> predicted {predicted:.3f} ({raw:.3f}x, "
-                        f"calibrated {gain:.3f}x); saves {saved:.2f} s over {placement.payback_windows} windows > "
-                        f"{placement.migration_stall_seconds} s stall", keep_gain=self.policy.trial.keep_gain,
-                        predicted_gain=gain, raw_gain=raw,
-                        inputs={**self._inputs(current, baseline), "balancedness": balance,
-                                "predicted_balancedness": predicted})
+        return re_placement(current, baseline, index, self.policy.placement, self.state.placement, self.calibration,
+                            self.policy.trial.keep_gain, lambda: self._inputs(current, baseline))
 
     def _inputs(self, current: EngineConfig, baseline: Window) -> dict:
         band, model = _band(baseline), self._model(current.spec_method)
@@ -411,29 +359,6 @@ def _settled(window: Window) -> bool:
 
 def _batch(window: Window) -> int:
     return window.batch_size_median
-
-
-def heat_moved(before: np.ndarray, after: np.ndarray) -> float:
-    """The share of routed tokens that went to other experts between two heats (layers x experts): the total
-    variation distance of each layer's token shares, averaged over the layers that routed tokens in both."""
-    if before.shape != after.shape:
-        return 1.0
-    totals_before, totals_after = before.sum(axis=1), after.sum(axis=1)
-    routed = (totals_before > 0) & (totals_after > 0)
-    if not routed.any():
-        return 0.0
-    shares_before = before[routed] / totals_before[routed, None]
-    shares_after = after[routed] / totals_after[routed, None]
-    return float(np.mean(np.abs(shares_before - shares_after).sum(axis=1) / 2))
-
-
-def _slot_heat(heat: np.ndarray, phy2log: list[list[int]]) -> np.ndarray:
-    """Tokens per physical slot if each logical expert's tokens split evenly over its replicas."""
-    out = np.zeros((len(phy2log), len(phy2log[0])))
-    for layer, slots in enumerate(phy2log):
-        replicas = np.bincount(slots, minlength=heat.shape[1])
-        out[layer] = [heat[layer, e] / replicas[e] for e in slots]
-    return out
 
 
 def _value(proposal: Proposal) -> object:

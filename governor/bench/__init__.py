@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 
-from governor.bench import (controller_vs_static, hostile, judge, moe_parts, overload, soak, speculation,
-                            telemetry_overhead)
+from governor.bench import (controller_vs_static, hostile, moe_parts, old_vs_switchback_judge, overload, soak,
+                            speculation, telemetry_overhead)
 
-BENCHMARKS = (speculation, telemetry_overhead, moe_parts, controller_vs_static, judge, overload, hostile, soak)
+BENCHMARKS = (speculation, telemetry_overhead, moe_parts, controller_vs_static, old_vs_switchback_judge, overload,
+              hostile, soak)
 
 
 def add_bench_commands(parser: argparse.ArgumentParser) -> None:

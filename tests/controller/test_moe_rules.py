@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from controller.decide.calibration import Calibration
-from controller.decide.rule_policy import RulePolicy, heat_moved
+from controller.decide.expert_rules import heat_moved
+from controller.decide.rule_policy import RulePolicy
 from controller.trials.judge import INCONCLUSIVE
 from policies import parse_policy
 from seam import EngineConfig, LatencySummary, Window
