@@ -66,7 +66,7 @@ def dashboard_state(live: LiveTelemetry, config: Callable[[], EngineConfig], con
              "policies": shipped_policies()}
     if controller is None:
         current = config()
-        return {**state, "config": current.model_dump(), "speculation": "off" if not current.speculative_len else "on"}
+        return {**state, "config": current.model_dump(), "speculation": "off" if not current.longest_draft_len else "on"}
     store, now = controller.store, controller.state()
     decisions = store.decisions(ROWS)
     return {**state, "config": now["config"], "controller": now,
@@ -77,7 +77,7 @@ def dashboard_state(live: LiveTelemetry, config: Callable[[], EngineConfig], con
 def speculation_state(current: EngineConfig, decisions: list[dict], pin: dict | None) -> str:
     """'on'; 'fallback' when the controller turned speculation off (a kept fallback probe, or an alert's pin);
     'off' when it is off otherwise (an operator's pin, or the engine started that way)."""
-    if current.speculative_len:
+    if current.longest_draft_len:
         return "on"
     if pin is not None and pin["owner"].startswith("alert:"):
         return "fallback"

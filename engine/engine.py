@@ -442,7 +442,7 @@ class Engine:
             self.ep.close()
 
     def _check(self, config: EngineConfig) -> None:
-        if config.spec_method == "draft_model" and config.speculative_len > 0 and self.model_drafter is None:
+        if config.spec_method == "draft_model" and config.longest_draft_len > 0 and self.model_drafter is None:
             raise RequestError("spec_method", "'draft_model' needs a draft model; this engine has none "
                                "(allowed here: 'off', 'ngram')")
         if config.placement is not None:

@@ -57,20 +57,20 @@ class EngineConfig(BaseModel):
         return type(self).model_validate({**self.model_dump(), **changes})
 
     @property
-    def k_schedule(self) -> DraftLenSchedule:
+    def draft_len_bands(self) -> DraftLenSchedule:
         """The schedule in use: draft_len is the one-band case."""
         return self.draft_len_schedule if self.draft_len_schedule is not None else ((1, self.draft_len),)
 
     def draft_len_for(self, batch_size: int) -> int:
-        """The k a step of batch_size sequences drafts: 0 when speculation is off."""
+        """The draft_len a step of batch_size sequences drafts: 0 when speculation is off."""
         if self.spec_method == "off":
             return 0
-        return next((k for up_to, k in self.k_schedule if batch_size <= up_to), self.k_schedule[-1][1])
+        return next((k for up_to, k in self.draft_len_bands if batch_size <= up_to), self.draft_len_bands[-1][1])
 
     @property
-    def speculative_len(self) -> int:
-        """The largest k any batch size drafts: 0 when speculation is off (at every batch size)."""
-        return 0 if self.spec_method == "off" else max(k for _, k in self.k_schedule)
+    def longest_draft_len(self) -> int:
+        """The largest draft_len any batch size drafts: 0 when speculation is off (at every batch size)."""
+        return 0 if self.spec_method == "off" else max(k for _, k in self.draft_len_bands)
 
 
 class Experiment(BaseModel):

@@ -33,8 +33,9 @@ class RuleState:
     rejected: dict[tuple, int] = field(default_factory=dict)   # (kind, value) -> window index it was reverted
     placement: PlacementMemory = field(default_factory=PlacementMemory)
     spec_method: str = "draft_model"                     # the method to re-enable speculation with
-    k_schedule: DraftLenSchedule | None = None           # ... and the k by batch size it last ran with
-    band_k: dict[int, int] = field(default_factory=dict)   # band -> the k it drafted when plain decoding was probed
+    draft_len_bands: DraftLenSchedule | None = None      # ... and the draft_len by batch size it last ran with
+    band_draft_len: dict[int, int] = field(default_factory=dict)   # band -> the draft_len it drafted when plain
+                                                                    # decoding was probed
     unavailable: set[str] = field(default_factory=set)   # drafters the engine refused (e.g. no draft model)
     tried_blind: set[str] = field(default_factory=set)   # drafters tried before their model was ready, once judged
 
@@ -86,8 +87,8 @@ class RulePolicy:
     def propose(self, current: EngineConfig, baseline: Window, window_index: int) -> Proposal | None:
         if current.spec_method != "off":
             self.state.spec_method = current.spec_method
-        if current.speculative_len > 0:
-            self.state.k_schedule = current.k_schedule
+        if current.longest_draft_len > 0:
+            self.state.draft_len_bands = current.draft_len_bands
         rules = (self._mode_probe, self._untried_drafter, self._draft_len, self._drafter, self._capacity_factor,
                  self._placement)
         if not _settled(baseline):          # the trials of one band's k or mode wait for the load to settle
@@ -120,7 +121,7 @@ class RulePolicy:
         state.last_mode_probe = index
         inputs = self._inputs(current, baseline)
         if speculating:
-            state.band_k[band] = k_now
+            state.band_draft_len[band] = k_now
             candidate = _plain_at(current, band)
             where = "" if candidate.spec_method == "off" else f" at batch band {band}"
             what_if = self._what_if(current.spec_method, 0, k_now, band)
@@ -131,8 +132,8 @@ class RulePolicy:
             candidate = with_schedule(current.changed(spec_method=state.spec_method), self._schedule_to_resume(
                 current, baseline))
         else:                                            # this band fell back; the others speculate
-            k = state.band_k.get(band) or self._best_k(
-                current.spec_method, band, current.speculative_len or EngineConfig().draft_len)
+            k = state.band_draft_len.get(band) or self._best_k(
+                current.spec_method, band, current.longest_draft_len or EngineConfig().draft_len)
             candidate = with_bands(current, {band: k})
         threshold = spec.min_gain + spec.hysteresis
         what_if = self._what_if(state.spec_method, candidate.draft_len_for(_batch(baseline)), 0, band)
@@ -179,8 +180,8 @@ class RulePolicy:
 
     def _schedule_to_resume(self, current: EngineConfig, baseline: Window) -> DraftLenSchedule:
         """What speculation last ran with (judged, unlike the model's best), else the model's best k at this band."""
-        if self.state.k_schedule is not None:
-            return self.state.k_schedule
+        if self.state.draft_len_bands is not None:
+            return self.state.draft_len_bands
         return ((1, self._best_k(self.state.spec_method, _band(baseline),
                                  current.draft_len or EngineConfig().draft_len)),)
 
@@ -325,7 +326,7 @@ def _plain_at(config: EngineConfig, band: int) -> EngineConfig:
     12-22 sequences fell back while the 23 and more at its start, measured at k 4 in an earlier phase, kept drafting
     k 4); speculation off when no band would draft any more."""
     candidate = with_bands(config, {b: 0 for b in range(band, MAX_BAND + 1)})
-    return candidate if candidate.speculative_len > 0 else config.changed(spec_method="off")
+    return candidate if candidate.longest_draft_len > 0 else config.changed(spec_method="off")
 
 
 def _ahead_undecided(proposal: Proposal, outcome: TrialOutcome, measured_gain: float | None) -> bool:
@@ -367,6 +368,6 @@ def _value(proposal: Proposal) -> object:
     other speculation mode by its batch band (plain decoding that lost at 6 sequences says nothing of 16, and
     remembered by kind alone it held off the probe at 16 sequences for a whole phase of the controller bench)."""
     config = proposal.config
-    return {"draft_len": config.k_schedule, "spec_method": config.spec_method,
+    return {"draft_len": config.draft_len_bands, "spec_method": config.spec_method,
             "capacity_factor": config.capacity_factor, "fallback_probe": proposal.inputs.get("band"),
             "speculation_probe": proposal.inputs.get("band")}.get(proposal.kind, proposal.kind)

@@ -46,7 +46,7 @@ def learned(config: EngineConfig, band: int, k: int, measured_bands: set[int]) -
 def with_bands(config: EngineConfig, ks: dict[int, int]) -> EngineConfig:
     """config drafting ks[b] at the batch sizes of each band b, as before elsewhere; a schedule with one k everywhere
     becomes draft_len."""
-    schedule = config.k_schedule
+    schedule = config.draft_len_bands
     for band, k in sorted(ks.items()):
         schedule = _with_band(schedule, band, k)
     return with_schedule(config, schedule)

@@ -32,7 +32,7 @@ function drawCharts(live) {
   Plotly.react("chart-latency", latency, layout({ yaxis: logAxis }), PLOT_CONFIG);
   const positions = live.acceptance_per_position;
   const acceptance = [line(x, live.acceptance, "all", "#1b1f24")].concat(positions.map((y, p) => ({
-    ...line(x, y, `k=${p + 1}`, `hsl(212, 80%, ${22 + (50 * p) / Math.max(positions.length - 1, 1)}%)`, "dot"),
+    ...line(x, y, `position ${p + 1}`, `hsl(212, 80%, ${22 + (50 * p) / Math.max(positions.length - 1, 1)}%)`, "dot"),
     showlegend: p === 0 || p === positions.length - 1,    // darker = earlier position; the ends are named
   })));
   Plotly.react("chart-acceptance", acceptance, layout({
@@ -130,7 +130,7 @@ function drawState(state) {
 
 function fillPinForm(config) {
   $("pin-method").value = config.spec_method;
-  $("pin-k").value = config.draft_len;
+  $("pin-draft-len").value = config.draft_len;
   $("pin-schedule").value = config.draft_len_schedule ? JSON.stringify(config.draft_len_schedule) : "";
   $("pin-capacity").value = config.capacity_factor;
 }
@@ -185,11 +185,11 @@ function wireActions() {
       bands = schedule ? JSON.parse(schedule) : null;
     } catch (error) {
       $("action-result").className = "error";
-      $("action-result").textContent = `Pin refused: k by batch size is not JSON (${error.message})`;
+      $("action-result").textContent = `Pin refused: draft_len_schedule is not JSON (${error.message})`;
       return;
     }
     act("Pin", "PUT", "/admin/config", {
-      ...config, spec_method: $("pin-method").value, draft_len: Number($("pin-k").value),
+      ...config, spec_method: $("pin-method").value, draft_len: Number($("pin-draft-len").value),
       draft_len_schedule: bands, capacity_factor: Number($("pin-capacity").value),
     });
   });

@@ -21,6 +21,7 @@ from seam import SamplingParams
 
 log = logging.getLogger(__name__)
 STALL_SECONDS = 30.0      # no step for this long while work waits: the engine is reported stuck
+FAILING_STEPS = 3         # steps failed in a row, none served between: the engine is reported failing
 RETRY_AFTER_SECONDS = 5
 
 
@@ -70,13 +71,23 @@ class EngineService:
         self._thread = threading.Thread(target=self._run, name="governor-engine", daemon=True)
         self._heartbeat = time.monotonic()
         self.fatal: str | None = None
+        self._failed_steps, self._step_error = 0, ""
 
     def start(self) -> None:
         self._heartbeat = time.monotonic()
         self._thread.start()
 
     def fault(self) -> str | None:
-        """Why the engine cannot serve now, or None: the health probe of the 'engine' component."""
+        """Why the engine cannot serve now, or None: the health probe of the 'engine' component. Steps that fail in a
+        row count too: every request then fails, though the thread runs."""
+        return self._stopped_or_stuck() or self._failing()
+
+    def _failing(self) -> str | None:
+        if self._failed_steps < FAILING_STEPS:
+            return None
+        return f"the last {self._failed_steps} engine steps failed, the latest with: {self._step_error}"
+
+    def _stopped_or_stuck(self) -> str | None:
         if self.fatal is not None:
             return f"the engine gave up: {self.fatal}"
         if not self._thread.is_alive():
@@ -92,8 +103,9 @@ class EngineService:
         return self.recovery.fault() if self.recovery is not None else None
 
     def unavailable(self) -> Unavailable | None:
-        """Why a new request would be refused now, or None."""
-        reason = self.fault()
+        """Why a new request would be refused now, or None. Not failing steps: a request is the step that shows the
+        cause gone (say, an operator's new config), and one that fails gets its 5xx."""
+        reason = self._stopped_or_stuck()
         if reason is not None:
             return Unavailable(reason, None if self.fatal else RETRY_AFTER_SECONDS)
         reason = self.group_fault()
@@ -150,11 +162,13 @@ class EngineService:
             emissions = self.engine.step()
         except Exception as error:
             log.exception("engine step failed; failing every request in flight")
+            self._failed_steps, self._step_error = self._failed_steps + 1, f"{type(error).__name__}: {error}"
             recoverable = self.recovery is not None
             self._fail_in_flight(Failure(getattr(error, "cause", "engine_step_failed"), str(error), recoverable))
             if recoverable:
                 self._recover(str(error))   # a worker may be stuck half way through the forward: start afresh
             return
+        self._failed_steps = 0
         for emission in emissions:
             self._publish(emission)
 

@@ -32,7 +32,7 @@ class RecordingClient(InProcessClient):
 
 
 def label(config: EngineConfig) -> str:
-    if config.speculative_len == 0:
+    if config.longest_draft_len == 0:
         return "plain"
     return f"{config.spec_method} {schedule_text(config)}"
 

@@ -242,7 +242,7 @@ def test_a_speculation_probe_after_a_pin_restores_the_schedule_speculation_last_
     rules.released(plain)
     probe = rules.propose(plain, _window("draft_model", 1, 1, 0.01, 0.9), 2)
     assert probe.kind == "speculation_probe"
-    assert probe.config.spec_method == "draft_model" and probe.config.k_schedule == speculative.k_schedule
+    assert probe.config.spec_method == "draft_model" and probe.config.draft_len_bands == speculative.draft_len_bands
 
 
 def test_a_band_where_plain_decoding_measured_faster_gets_k_0_and_the_other_bands_keep_speculating():
@@ -257,7 +257,7 @@ def test_a_band_where_plain_decoding_measured_faster_gets_k_0_and_the_other_band
     assert proposal.kind == "draft_len" and proposal.predicted_gain > 1.05
     assert proposal.config.draft_len_for(16) == 0 and proposal.config.draft_len_for(1) == 4
     # batch 2-11, between k 4 and k 0, keep k 4; larger batches than the band learned draft no more than it
-    assert proposal.config.speculative_len == 4 and "<=11: 4, more: 0" in proposal.reason
+    assert proposal.config.longest_draft_len == 4 and "<=11: 4, more: 0" in proposal.reason
 
 
 def test_a_band_decoding_plainly_is_left_to_the_probes_of_speculation():

@@ -120,7 +120,7 @@ def test_an_action_without_the_token_is_refused_and_changes_nothing(page, served
     before = httpx.get(f"{served}/admin/config").json()
     page.fill("#token", "")
     page.select_option("#pin-method", "draft_model")
-    page.fill("#pin-k", "2")
+    page.fill("#pin-draft-len", "2")
     page.click("#pin")
     expect(page.locator("#action-result")).to_contain_text("refused (401): a valid bearer token")
     assert httpx.get(f"{served}/admin/config").json() == before
@@ -132,7 +132,7 @@ def test_pin_with_the_token_takes_effect_and_appears_in_the_decision_log(page, s
     before = httpx.get(f"{served}/admin/config").json()
     page.fill("#token", TOKEN)
     page.select_option("#pin-method", "draft_model")
-    page.fill("#pin-k", "2")
+    page.fill("#pin-draft-len", "2")
     page.fill("#pin-capacity", "1.5")
     page.fill("#pin-schedule", "[[4, 2], [2, 1]]")
     page.click("#pin")
@@ -224,7 +224,7 @@ def test_every_control_is_labelled_and_keyboard_reachable(page):
     for _ in range(30):
         reached.add(page.evaluate("document.activeElement.id"))
         page.keyboard.press("Tab")
-    assert {"token", "pin-method", "pin-k", "pin-capacity", "pin", "release", "rollback", "policy-select",
+    assert {"token", "pin-method", "pin-draft-len", "pin-capacity", "pin", "release", "rollback", "policy-select",
             "switch-policy", "search-start", "search-stop"} <= reached
     page.locator("#rollback").focus()
     outline = page.evaluate("(s => [s.outlineStyle, s.outlineWidth])(getComputedStyle(document.activeElement))")

@@ -71,10 +71,10 @@ def test_a_drafter_switch_mid_stream_stays_lossless(moe_models, prompts, switche
 
 def test_a_single_draft_len_is_the_one_band_schedule():
     config = EngineConfig(spec_method="ngram", draft_len=5)
-    assert config.k_schedule == ((1, 5),) and [config.draft_len_for(b) for b in (1, 7, 500)] == [5, 5, 5]
+    assert config.draft_len_bands == ((1, 5),) and [config.draft_len_for(b) for b in (1, 7, 500)] == [5, 5, 5]
     banded = EngineConfig(draft_len_schedule=[[1, 8], [4, 4], [16, 2], [1024, 0]])
     assert [banded.draft_len_for(b) for b in (1, 2, 4, 5, 16, 17, 5000)] == [8, 4, 4, 2, 2, 0, 0]
-    assert banded.speculative_len == 8 and banded.changed(spec_method="off").draft_len_for(1) == 0
+    assert banded.longest_draft_len == 8 and banded.changed(spec_method="off").draft_len_for(1) == 0
 
 
 @pytest.mark.parametrize(("schedule", "loc", "message"), [

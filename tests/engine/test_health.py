@@ -1,5 +1,6 @@
-"""/health and /ready tell the truth on a real loopback server: 503 with the reason when the engine thread is gone or
-stalled while requests wait, and when the store cannot be written; requests are then refused loudly, by cause."""
+"""/health and /ready tell the truth on a real loopback server: 503 with the reason when the engine thread is gone,
+stalled while requests wait, or failing every step, and when the store cannot be written; requests are then refused
+loudly, by cause."""
 import sqlite3
 import threading
 import time
@@ -10,7 +11,7 @@ from controller.store import WRITE_CHECK_SECONDS, Store
 from engine.server.api import create_app
 from engine.server.health import Health
 from engine.server.local_server import serving_in_thread
-from engine.server.service import EngineService
+from engine.server.service import FAILING_STEPS, EngineService
 from engine.telemetry.metrics import EngineMetrics
 from seam import EngineConfig
 from tests.engine.helpers import make_engine, metric_value
@@ -59,6 +60,26 @@ def test_an_engine_that_takes_no_step_while_work_waits_is_reported_stalled(moe_m
             waiting.start()
             assert "no engine step" in _until_503(url).json()["reasons"]["engine"]
         waiting.join(timeout=60)
+        assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_an_engine_whose_steps_keep_failing_is_unhealthy_until_one_succeeds(moe_models, monkeypatch):
+    engine = make_engine(moe_models, EngineConfig(spec_method="off"))
+    working = engine.step
+
+    def broken():
+        raise RuntimeError("'NoneType' object has no attribute 'propose'")
+    monkeypatch.setattr(engine, "step", broken)
+    with _serve(EngineService(engine)) as url:
+        for attempt in range(FAILING_STEPS):
+            assert httpx.get(f"{url}/health").status_code == 200, f"only {attempt} steps failed so far"
+            assert httpx.post(f"{url}/v1/completions", json=COMPLETION, timeout=30).status_code == 500
+        reply = httpx.get(f"{url}/health")
+        assert reply.status_code == 503
+        assert f"the last {FAILING_STEPS} engine steps failed" in reply.json()["reasons"]["engine"]
+        assert "'NoneType' object has no attribute 'propose'" in reply.json()["reasons"]["engine"]
+        monkeypatch.setattr(engine, "step", working)                 # the cause is gone (a new config, say)
+        assert httpx.post(f"{url}/v1/completions", json=COMPLETION, timeout=30).status_code == 200
         assert httpx.get(f"{url}/health").status_code == 200
 
 
