@@ -205,17 +205,16 @@ def _add_engine_admin(app: FastAPI, engine, admin_token: str | None) -> None:
               openapi_extra=json_body(EngineConfig), responses=ERRORS)
     async def check_config(request: Request):
         """Validate a config against this engine without applying it (a controller checks before it writes)."""
-        config = _parsed(await request.body(), EngineConfig)
-        try:
-            engine.check(config)
-        except RequestError as error:
-            raise APIError(400, str(error), error.field) from error
-        return config.model_dump()
+        return await engine_takes(request, EngineConfig, engine.check)
 
     async def apply(request: Request, kind: type[EngineConfig] | type[Experiment]) -> dict:
+        return await engine_takes(request, kind, engine.apply)
+
+    async def engine_takes(request: Request, kind: type[EngineConfig] | type[Experiment], act) -> dict:
+        """The body parsed as kind, then act(change); a change the engine refuses is a 400 naming the field."""
         change = _parsed(await request.body(), kind)
         try:
-            engine.apply(change)
+            act(change)
         except RequestError as error:
             raise APIError(400, str(error), error.field) from error
         return change.model_dump()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.telemetry.recorder import StepRecord
+from engine.telemetry.recorder import StepRecord, add_latencies
 from seam import EngineConfig
 from seam.placement import balancedness
 
@@ -83,10 +83,7 @@ class LiveTelemetry:
         with self._lock:
             second = self._bucket()
             second.emitted += count
-            if ttft is not None:
-                second.ttft.append(ttft)
-            if gap is not None:
-                second.inter_token.extend([gap / count] * count)
+            add_latencies(second, count, ttft, gap)
 
     def record_finished(self, e2e: float) -> None:
         with self._lock:

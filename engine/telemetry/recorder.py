@@ -85,10 +85,7 @@ class _Accumulator:
 
     def add_tokens(self, count: int, ttft: float | None, gap: float | None) -> None:
         self.emitted_tokens += count
-        if ttft is not None:
-            self.ttft.append(ttft)
-        if gap is not None:
-            self.inter_token.extend([gap / count] * count)
+        add_latencies(self, count, ttft, gap)
 
     def add_finished(self, e2e: float) -> None:
         self.finished_requests += 1
@@ -200,6 +197,15 @@ class StepRecord:
     all_to_all_seconds: float = 0.0
     balancedness: float | None = None                   # filled in by Telemetry, once per step, for the sinks
     balancedness_per_layer: list[float | None] | None = None
+
+
+def add_latencies(samples, count: int, ttft: float | None, gap: float | None) -> None:
+    """One delivery of count tokens into samples' ttft and inter_token lists: the gap since the last delivery spread
+    evenly over its tokens."""
+    if ttft is not None:
+        samples.ttft.append(ttft)
+    if gap is not None:
+        samples.inter_token.extend([gap / count] * count)
 
 
 def _add_per_position(totals: list[float], counts: list[float]) -> None:
