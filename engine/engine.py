@@ -8,7 +8,6 @@ import dataclasses
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 
@@ -19,14 +18,14 @@ from engine.model.tokenizer import Tokenizer
 from engine.model.transformer import Transformer
 from engine.moe.ep import ExpertParallel
 from engine.moe.experts import ExpertRuntime, StepCounts, drop_logical_experts, expert_topology
+from engine.runtime.delivery import Emission, Failure, append_tokens, emission_of
 from engine.runtime.limits import EngineLimits
-from engine.runtime.sampling import probs_from_logits, uniforms
 from engine.runtime.scheduler import Scheduled, Scheduler
 from engine.runtime.sequence import Sequence
 from engine.runtime.switchback import ORDER, Switchback
 from engine.speculative.drafters import Drafter, Drafts, ModelDrafter, NgramDrafter, shadow_lookups
+from engine.speculative.verify import verify
 from engine.telemetry.recorder import StepRecord, Telemetry, TelemetrySink
-from governor_kernels import verify_drafts
 from seam import EngineConfig, Experiment, SamplingParams, Window
 from seam.placement import PlacementError, Topology, check_placement, identity_placement, tokens_per_device
 
@@ -39,26 +38,6 @@ class RequestError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why the engine could not finish a request: cause is a short label (counted in /metrics), message the detail."""
-    cause: str
-    message: str
-    retryable: bool = False     # the service recovers by itself; the client may retry (503, not 500)
-
-
-@dataclass
-class Emission:
-    """What one step produced for one request."""
-    request_id: str
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int
-    output_tokens: int
-    failure: Failure | None = None
 
 
 class Engine:
@@ -163,7 +142,7 @@ class Engine:
         for seq in failed:
             seq.finish_reason = "error"
             self.scheduler.remove(seq)
-        return [dataclasses.replace(self._emission(seq), failure=failure) for seq in failed]
+        return [dataclasses.replace(emission_of(seq), failure=failure) for seq in failed]
 
     @property
     def has_work(self) -> bool:
@@ -241,70 +220,13 @@ class Engine:
                              item.num_new - 1 if item.samples else len(fed))
 
     def _verify(self, sampling: list[Scheduled], drafts: Drafts | None, logits: torch.Tensor) -> None:
-        """Judge each sampling item's drafts against the target and set item.accepted and item.next_token.
-
-        logits: [sum over items of (len(proposed) + 1), vocab], one row per position the items sample at, item
-        after item: its proposed drafts' positions, then the bonus position after them. B = len(sampling)."""
-        if not sampling:
-            return
-        if all(item.seq.params.greedy for item in sampling):
-            self._verify_greedy(sampling, logits)
-            return
-        counts = [len(item.proposed) for item in sampling]
-        k = max(counts, default=0)
-        params = [item.seq.params for item in sampling]
-        per_row = torch.tensor(counts, device=self.device) + 1                          # [B]
-        temperature = torch.tensor([p.temperature for p in params], device=self.device).repeat_interleave(per_row)
-        top_p = torch.tensor([p.top_p for p in params], device=self.device).repeat_interleave(per_row)
-        probs = probs_from_logits(logits, temperature, top_p)                           # [sum(per_row), vocab]
-        starts = torch.cumsum(per_row, 0) - per_row                                     # [B] first row per item
-        offsets = torch.arange(k + 1, device=self.device)                               # [k + 1]
-        rows = torch.where(offsets[None, :] < per_row[:, None], starts[:, None] + offsets[None, :], 0)  # [B, k + 1]
-        draft_tokens = torch.zeros(len(sampling), k, dtype=torch.long, device=self.device)              # [B, k]
-        draft_probs = None                                                              # [B, k, vocab] if sampled
-        if drafts is not None and drafts.probs is not None:
-            draft_probs = torch.zeros(len(sampling), k, probs.shape[-1], device=self.device)
-        for i, item in enumerate(sampling):
-            if counts[i]:
-                draft_tokens[i, :counts[i]] = torch.tensor(item.proposed, device=self.device)
-                if draft_probs is not None:
-                    draft_probs[i, :counts[i]] = drafts.probs[item.draft_row, :counts[i]]
-        randoms = uniforms([item.seq.generator for item in sampling], [c + 1 for c in counts], self.device)  # [B, k+1]
-        sample_u = randoms.gather(1, torch.tensor(counts, device=self.device)[:, None]).squeeze(1)          # [B]
-        num_accepted, next_token = verify_drafts(draft_tokens, torch.tensor(counts, device=self.device), draft_probs,
-                                                 probs[rows], randoms[:, :k], sample_u)                     # [B], [B]
-        for item, accepted, token in zip(sampling, num_accepted.tolist(), next_token.tolist()):
-            item.accepted, item.next_token = accepted, token
-
-    @staticmethod
-    def _verify_greedy(sampling: list[Scheduled], logits: torch.Tensor) -> None:
-        """verify_drafts for one-hot target rows: a draft is kept while it is the target's argmax, and the next
-        token is the argmax after the last kept draft. logits: as in _verify."""
-        best = logits.argmax(dim=-1).tolist()                                           # [sum(len(proposed) + 1)]
-        row = 0
-        for item in sampling:
-            proposed = item.proposed
-            item.accepted = next((j for j, token in enumerate(proposed) if token != best[row + j]), len(proposed))
-            item.next_token = best[row + item.accepted]
-            row += len(proposed) + 1
+        verify(sampling, drafts, logits, self.device)
 
     # -- delivering tokens ------------------------------------------------------------------------
 
     def _deliver(self, seq: Sequence, tokens: list[int], now: float) -> Emission:
-        params, eos = seq.params, self.tokenizer.eos_token_ids
         start = seq.num_output
-        for token in tokens:
-            if token in eos and not params.ignore_eos:
-                seq.finish_reason = "stop"
-                break
-            seq.tokens.append(token)
-            if params.stop and self._hit_stop_string(seq):
-                break
-            if seq.num_output >= params.max_tokens or len(seq.tokens) >= self.max_model_len:
-                seq.finish_reason = "length"
-                break
-        if not params.stop:
-            seq.text = self.tokenizer.decode(seq.output_ids)
+        append_tokens(seq, tokens, self.tokenizer, self.max_model_len)
         delivered = seq.num_output - start
         if delivered:
             ttft = now - seq.arrival if seq.first_token_at is None else None
@@ -315,26 +237,9 @@ class Engine:
         if seq.finished:
             self.scheduler.remove(seq)
             self.telemetry.record_finished(now - seq.arrival)
-        emission = self._emission(seq)
+        emission = emission_of(seq)
         emission.token_ids = seq.output_ids[start:]
         return emission
-
-    def _hit_stop_string(self, seq: Sequence) -> bool:
-        text = self.tokenizer.decode(seq.output_ids)
-        lookback = max(len(s) for s in seq.params.stop) + 8
-        found = [i for s in seq.params.stop if (i := text.find(s, max(0, len(seq.text) - lookback))) >= 0]
-        seq.text = text[:min(found)] if found else text
-        if found:
-            seq.finish_reason = "stop"
-        return bool(found)
-
-    def _emission(self, seq: Sequence) -> Emission:
-        text = seq.text[seq.emitted_chars:]
-        if not seq.finished:
-            text = text.rstrip("\ufffd")
-            text = text[:len(text) - _partial_stop_length(text, seq.params.stop)]
-        seq.emitted_chars += len(text)
-        return Emission(seq.request_id, [], text, seq.finish_reason, len(seq.prompt_ids), seq.num_output)
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
@@ -458,12 +363,6 @@ class Engine:
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _partial_stop_length(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest tail of text that could still grow into a stop string; it is held back."""
-    return max((n for stop in stops for n in range(min(len(stop) - 1, len(text)), 0, -1)
-                if stop.startswith(text[-n:])), default=0)
 
 
 def _reaching(lengths: list[int], positions: int) -> list[int]:

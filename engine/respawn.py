@@ -3,8 +3,8 @@ config in use. It needs only a way to spawn a group and a way to give rank 0 bac
 not depend on how workers are started. A group torchrun launched is not rank 0's to respawn: its recovery gives up at
 once, so that `governor serve` exits non-zero and torchrun (--max-restarts) restarts the whole group.
 
-Requests in flight when a rank fails are failed by the caller (engine.server.service) before recovery starts; a step that
-failed on rank 0 is recovered the same way, since its workers may be stuck half way through a forward.
+Requests in flight when a rank fails are failed by the caller (engine.server.service) before recovery starts; a
+step that failed on rank 0 is recovered the same way, since its workers may be stuck half way through a forward.
 """
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
 from controller.decide.calibration import Calibration
 from controller.decide.expert_rules import PlacementMemory, capacity_factor_change, re_placement
 from controller.decide.goodput import MIN_FIT_STEPS, GoodputModel

@@ -12,8 +12,9 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from engine.engine import Emission, Failure, RequestError
+from engine.engine import RequestError
 from engine.model.tokenizer import ChatTemplateError
+from engine.runtime.delivery import Emission, Failure
 from engine.server.abandon import whole_unless_abandoned
 from engine.server.admission import Overloaded
 from engine.server.api_schema import served_requests

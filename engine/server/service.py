@@ -14,8 +14,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
-from engine.engine import Emission, Engine, Failure
+from engine.engine import Engine
 from engine.respawn import GroupRecovery, RespawnsExhausted
+from engine.runtime.delivery import Emission, Failure
 from engine.server.admission import Admission
 from seam import SamplingParams
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
-from engine.engine import Emission
+from engine.runtime.delivery import Emission
 from engine.telemetry.recorder import StepRecord
 from seam import EngineConfig, SamplingParams
 

@@ -27,7 +27,6 @@ import numpy as np
 import torch
 from scipy import stats
 
-from controller.clients import InProcessClient
 from controller.plane import build_control_plane
 from controller.strategy import PROBES
 from engine.engine import Engine

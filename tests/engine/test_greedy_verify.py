@@ -1,10 +1,10 @@
-"""The engine's greedy verification (argmax walk) agrees with verify_drafts on one-hot distributions."""
+"""Greedy verification (the argmax walk) agrees with verify_drafts on one-hot distributions."""
 import torch
 
-from engine.engine import Engine
 from engine.runtime.sampling import probs_from_logits
 from engine.runtime.scheduler import Scheduled
 from engine.runtime.sequence import Sequence
+from engine.speculative.verify import verify_greedy
 from governor_kernels import verify_drafts
 from seam import SamplingParams
 
@@ -28,7 +28,7 @@ def test_greedy_verification_matches_rejection_sampling_on_one_hot_rows():
             starts.append(row)
             row += count + 1
 
-        Engine._verify_greedy(sampling, logits)
+        verify_greedy(sampling, logits)
         got = ([item.accepted for item in sampling], [item.next_token for item in sampling])
 
         probs = probs_from_logits(logits, torch.zeros(len(logits)), torch.ones(len(logits)))

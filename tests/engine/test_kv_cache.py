@@ -1,8 +1,8 @@
 """The paged KV cache: block allocation, rollback of rejected drafts without copying, blocks back in the pool."""
 import pytest
 
-from engine.engine import Failure
 from engine.model.kv_cache import BlockAllocator, OutOfBlocks
+from engine.runtime.delivery import Failure
 from seam import EngineConfig, SamplingParams
 from tests.engine.helpers import GREEDY, code_prompts, make_engine
 

@@ -10,10 +10,11 @@ import time
 import pytest
 import torch
 
-from engine.engine import Engine, Failure
+from engine.engine import Engine
 from engine.factory import build_engine
 from engine.moe.ep import ExpertParallelError
 from engine.respawn import GroupRecovery, RespawnBudget, RespawnsExhausted, expert_parallel_recovery
+from engine.runtime.delivery import Failure
 from engine.runtime.limits import EngineLimits
 from governor.loaders import load_models
 from seam import EngineConfig, SamplingParams
