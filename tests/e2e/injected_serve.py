@@ -3,7 +3,7 @@
     python -m tests.e2e.injected_serve serve ...
 
 - GOVERNOR_TEST_SLOW_STEPS_FILE=PATH: while PATH exists, every engine step first sleeps SLOW_STEP_SECONDS.
-- GOVERNOR_TEST_KILL_BEFORE=rollback: the process kills itself (SIGKILL) when the controller is about to roll back,
+- GOVERNOR_TEST_KILL_BEFORE=rollback: the process kills itself (SIGKILL) when an operator action is about to roll back,
   i.e. after an alert was recorded and before it was acted on.
 - GOVERNOR_TEST_FAIL_RESPAWNS=1: every respawn of the expert-parallel group fails (its new group never starts).
 """
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import engine.respawn
-from controller.loop import Controller
+from controller.operate.actions import Operator
 from engine.engine import Engine
 from engine.moe.ep import ExpertParallelError
 from governor.cli import main
@@ -37,7 +37,7 @@ def _slow_steps(flag: Path) -> None:
 def _kill_before(action: str) -> None:
     def killed(self, *args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
-    setattr(Controller, action, killed)
+    setattr(Operator, action, killed)
 
 
 def _fail_respawns() -> None:
