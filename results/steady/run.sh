@@ -1,7 +1,8 @@
 #!/bin/bash
-# The steady-load run behind README's "20 minutes of steady load" and "Pin release": governor serve (default
-# policy) under 22 minutes of constant greedy code at 3 QPS; at 1205 s an operator pins spec_method: off and
-# releases the pin 20 s later. Run from the repository root: bash results/steady/run.sh OUT_FOLDER
+# The steady-load run behind docs/bench/steady.md ("20 minutes of steady load" and "Pin release"; its files are in
+# results/steady/e385496/): governor serve (default policy) under 22 minutes of constant greedy code at 3 QPS; at
+# 1205 s an operator pins spec_method: off and releases the pin 20 s later.
+# Run from the repository root: bash results/steady/run.sh OUT_FOLDER
 set -u
 D=${1:?output folder}; mkdir -p "$D"
 export GOVERNOR_ADMIN_TOKEN=steadytok
