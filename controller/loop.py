@@ -142,9 +142,9 @@ class Controller:
                                 and same_tokens(self.current, config), configs=(self.current, config))
         self._trial = Trial(trial_id, proposal, config, baseline, judge)
         self.decide("trial", proposal.reason, {**proposal.inputs, "kind": proposal.kind,
-                                                "keep_gain": proposal.keep_gain, "baseline": window_summary(baseline),
-                                                "switchback": settings.model_dump()},
-                     predicted_gain=proposal.predicted_gain, config_version=config.version, trial_id=trial_id)
+                                               "keep_gain": proposal.keep_gain, "baseline": window_summary(baseline),
+                                               "switchback": settings.model_dump()},
+                    predicted_gain=proposal.predicted_gain, config_version=config.version, trial_id=trial_id)
 
     def _trial_ended(self, part: Window) -> bool:
         """Feed the trial this part's blocks; end it if the candidate breaks the SLO or the judge decides."""
@@ -196,7 +196,7 @@ class Controller:
         if over_plain is not None:
             inputs["speculation_gain_over_plain"] = over_plain
         self.decide(action, reason, inputs, predicted_gain=trial.proposal.predicted_gain, measured_gain=gain,
-                     config_version=self.current.version, trial_id=trial.id)
+                    config_version=self.current.version, trial_id=trial.id)
 
     def _measured(self, verdict: Verdict) -> bool:
         """Did the trial measure its gain, well enough to check a prediction against or to count as lost? At least a
@@ -307,14 +307,14 @@ class Controller:
                 self._wanted = lkg
             self.store.set_last_known_good(lkg)
             self.decide("start", "first start: the engine's config is the last known good", {},
-                         config_version=lkg.version)
+                        config_version=lkg.version)
             return lkg, lkg
         current = self.store.config(pin.config_version) if pin else lkg
         if not self.apply(current, "restart"):
             self._wanted = current
         self.decide("resume", f"restart: resumed {'the pinned' if pin else 'the last known good'} config "
-                     f"v{current.version}", {"pin": None if pin is None else pin.__dict__},
-                     config_version=current.version)
+                    f"v{current.version}", {"pin": None if pin is None else pin.__dict__},
+                    config_version=current.version)
         return current, lkg
 
     def apply(self, change: EngineConfig | Experiment, reason: str) -> bool:
@@ -323,7 +323,7 @@ class Controller:
         except EngineClientError as error:
             config = change.candidate if isinstance(change, Experiment) else change
             self.decide("apply_failed", f"{reason}: {error}", {"config": config.model_dump()},
-                         config_version=config.version)
+                        config_version=config.version)
             return False
         return True
 

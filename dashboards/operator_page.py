@@ -66,7 +66,8 @@ def dashboard_state(live: LiveTelemetry, config: Callable[[], EngineConfig], con
              "policies": shipped_policies()}
     if controller is None:
         current = config()
-        return {**state, "config": current.model_dump(), "speculation": "off" if not current.longest_draft_len else "on"}
+        return {**state, "config": current.model_dump(),
+                "speculation": "on" if current.longest_draft_len else "off"}
     store, now = controller.store, controller.state()
     decisions = store.decisions(ROWS)
     return {**state, "config": now["config"], "controller": now,

@@ -1,5 +1,6 @@
-"""An OpenAPI document as an app of the service really behaves: every request body declared, errors in the OpenAI shape with the
-status codes the edge and the routes answer (400 for a bad field, never 422), writes marked as needing the token."""
+"""An OpenAPI document as an app of the service really behaves: every request body declared, errors in the OpenAI
+shape with the status codes the edge and the routes answer (400 for a bad field, never 422), writes marked as needing
+the token."""
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -129,8 +129,8 @@ class Window:
     all_to_all_seconds: float = 0.0                       # expert-parallel exchange time inside target forwards
     capacity_factor: float = 0.0                          # echo of the config (0 = dropless)
     replacement_seconds: float = 0.0                      # serving stalled while expert weights moved
-    # prompt lookup in the shadow of the decoding in use (engine.speculative.drafters.shadow_lookups): the shadow drafts resolved,
-    # and per position what they drafted and what verification would have accepted
+    # prompt lookup in the shadow of the decoding in use (engine.speculative.drafters.shadow_lookups): the shadow
+    # drafts resolved, and per position what they drafted and what verification would have accepted
     shadow_lookups: int = 0
     shadow_drafted_per_position: list[int] | None = None
     shadow_accepted_per_position: list[int] | None = None

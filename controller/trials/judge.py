@@ -209,8 +209,9 @@ def _bound_text(bound: float) -> str:
 def same_tokens(incumbent: EngineConfig, candidate: EngineConfig) -> bool:
     """Do the two configs deliver the same tokens, step for step in distribution? Then only their speed differs."""
     def drafting(config: EngineConfig) -> tuple:
-        return (config.spec_method, config.draft_len_bands, config.ngram_min, config.ngram_max, config.capacity_factor) \
-            if config.longest_draft_len > 0 else ("off", config.capacity_factor)
+        if config.longest_draft_len == 0:
+            return "off", config.capacity_factor
+        return config.spec_method, config.draft_len_bands, config.ngram_min, config.ngram_max, config.capacity_factor
     return drafting(incumbent) == drafting(candidate)
 
 

@@ -9,8 +9,8 @@ Steady traffic comes from the load generator (Poisson arrivals of greedy code). 
 the incumbent, then one of the candidate, and keeps the candidate if its tokens per busy second / the incumbent's
 >= keep_gain (what the loop did before switchback trials); its time to decision is its one trial window. The
 switchback judge runs an Experiment and decides with controller.trials.judge under the policy's judge settings;
-"within 2 windows" counts its decisions within 2 of the policy's windows. A false change: for the switchback judge any verdict
-of a difference (better or worse) in an A/A trial; for the old judge, keeping the candidate in an A/A trial (its
+"within 2 windows" counts its decisions within 2 of the policy's windows. A false change: for the switchback judge any
+verdict of a difference (better or worse) in an A/A trial; for the old judge, keeping the candidate in an A/A trial (its
 revert is the "no change" outcome). Detection: the slowed candidate is reverted (old) or judged worse (switchback).
 Writes judge.json and judge.png.
 """
