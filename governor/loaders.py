@@ -28,7 +28,7 @@ def pick_device() -> tuple[torch.device, torch.dtype]:
 
 def model_folder(name_or_path: str, cache_dir: Path) -> Path:
     """A Hugging Face folder for a shipped name, a folder path, or a GGUF file (converted once, cached)."""
-    from engine import gguf  # heavy (transformers, gguf) and needed only for GGUF models
+    from engine.model import gguf  # heavy (transformers, gguf) and needed only for GGUF models
 
     if name_or_path in MODELS:
         folder = MODELS[name_or_path].folder
