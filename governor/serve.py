@@ -6,13 +6,15 @@ import contextlib
 import gc
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 import uvicorn
+from fastapi import FastAPI
 from pydantic import ValidationError
 
 from controller.clients import InProcessClient
 from controller.counters import PrometheusCounters
-from controller.plane import build_control_plane, print_decision
+from controller.plane import ControlPlane, build_control_plane, print_decision
 from controller.store import StoreError
 from dashboards.operator_page import create_dashboard_router
 from engine.factory import build_engine
@@ -33,6 +35,9 @@ from governor.ep_launch import run_worker, torchrun_member
 from governor.loaders import load_models
 from governor.loadgen import load_phases, run_forever
 from governor.settings import Settings
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 DEFAULTS = {name: field.default for name, field in Settings.model_fields.items()}
 
@@ -129,12 +134,7 @@ def run_serve(args: argparse.Namespace) -> int:
             return 2
         health.add("controller", plane.controller.fault)
         health.add("store", plane.controller.store.fault)
-    app = create_app(service, models.name, settings.admin_token, settings.default_max_tokens, metrics, tracer,
-                     admin_router=plane.router if plane else None, health=health,
-                     max_body_bytes=settings.max_body_bytes, max_prompt_chars=settings.max_prompt_chars)
-    app.include_router(create_dashboard_router(live, lambda: engine.config, plane.controller if plane else None,
-                                               max_clients=settings.max_sse_clients,
-                                               on_refuse=lambda: service.admission.refusals.count("sse_clients")))
+    app = served_app(service, models.name, settings, metrics, live, plane, tracer, health)
     stop_demo = threading.Event()
 
     @contextlib.asynccontextmanager
@@ -167,6 +167,21 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"governor serve: {service.fatal}", file=sys.stderr)
         return 1
     return 0
+
+
+def served_app(service: EngineService, model_name: str, settings: Settings, metrics: EngineMetrics,
+               live: LiveTelemetry, plane: ControlPlane | None, tracer: Tracer | None = None,
+               health: Health | None = None) -> FastAPI:
+    """The app `governor serve` serves: the engine's API, the controller's admin router when a controller runs
+    (plane), and the operator dashboard."""
+    engine = service.engine
+    app = create_app(service, model_name, settings.admin_token, settings.default_max_tokens, metrics, tracer,
+                     admin_router=plane.router if plane else None, health=health,
+                     max_body_bytes=settings.max_body_bytes, max_prompt_chars=settings.max_prompt_chars)
+    app.include_router(create_dashboard_router(live, lambda: engine.config, plane.controller if plane else None,
+                                               max_clients=settings.max_sse_clients,
+                                               on_refuse=lambda: service.admission.refusals.count("sse_clients")))
+    return app
 
 
 def _start_demo_traffic(url: str, stop: threading.Event) -> None:

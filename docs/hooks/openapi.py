@@ -1,7 +1,8 @@
 """MkDocs hook: the HTTP API page, rendered at every build from the OpenAPI documents of the apps the service
 builds: `governor serve` (engine, controller, dashboard), `governor serve --no-controller` (the engine's own side of
-the seam) and `governor control` (the controller alone). The apps are built the way tests/e2e/test_fuzz.py builds
-them, with the shipped governor-moe model, and never started. Nothing is checked in, so the page cannot go stale;
+the seam) and `governor control` (the controller alone). The apps are built by the same functions the commands use
+(governor.serve.served_app, governor.control_app.create_control_app), with the shipped governor-moe model and the
+default settings, and never started. Nothing is checked in, so the page cannot go stale;
 if the apps can no longer be built, the docs build fails.
 
 The documents themselves are published beside the page (openapi.json, openapi-engine.json, openapi-control.json).
@@ -77,14 +78,14 @@ def _build_documents() -> dict[str, dict]:
 
     from controller.clients import InProcessClient
     from controller.plane import build_control_plane
-    from dashboards.operator_page import create_dashboard_router
     from engine.factory import build_engine
-    from engine.server.api import create_app
     from engine.server.service import EngineService
     from engine.telemetry.live import LiveTelemetry
     from engine.telemetry.metrics import EngineMetrics
     from governor.control_app import create_control_app
     from governor.loaders import load_models
+    from governor.serve import served_app
+    from governor.settings import Settings
 
     models = load_models("governor-moe", device=torch.device("cpu"), dtype=torch.float32)
     metrics, live = EngineMetrics(models.name), LiveTelemetry()
@@ -94,10 +95,9 @@ def _build_documents() -> dict[str, dict]:
         with tempfile.TemporaryDirectory() as folder:
             plane = build_control_plane(InProcessClient(engine), "default", f"sqlite:///{folder}/docs.db", "token")
             try:
-                served = create_app(service, models.name, "token", metrics=metrics, admin_router=plane.router)
-                served.include_router(create_dashboard_router(live, lambda: engine.config, plane.controller))
-                bare = create_app(service, models.name, "token", metrics=metrics)
-                return {"serve": served.openapi(), "engine": bare.openapi(),
+                settings = Settings(admin_token="token")
+                return {"serve": served_app(service, models.name, settings, metrics, live, plane).openapi(),
+                        "engine": served_app(service, models.name, settings, metrics, live, None).openapi(),
                         "control": create_control_app(plane).openapi()}
             finally:
                 plane.controller.store.close()
@@ -173,7 +173,8 @@ def _number(value) -> str:
 
 
 def _range(schema: dict) -> str | None:
-    low, high = schema.get("minimum", schema.get("exclusiveMinimum")), schema.get("maximum", schema.get("exclusiveMaximum"))
+    low = schema.get("minimum", schema.get("exclusiveMinimum"))
+    high = schema.get("maximum", schema.get("exclusiveMaximum"))
     if low is not None and high is not None:
         left, right = "(" if "exclusiveMinimum" in schema else "[", ")" if "exclusiveMaximum" in schema else "]"
         return f"{left}{_number(low)}, {_number(high)}{right}"
@@ -254,7 +255,8 @@ def _default(schema: dict, required: bool) -> str:
 
 
 def _operation(app: str, method: str, path: str, operation: dict, used: set) -> list[str]:
-    lines = [f"### {method} {path} {{#{_anchor(app, method, path)}}}", "", _what(app, method, path, operation, used), ""]
+    lines = [f"### {method} {path} {{#{_anchor(app, method, path)}}}", "",
+             _what(app, method, path, operation, used), ""]
     if operation.get("security"):
         lines += ["**Token:** `Authorization: Bearer $GOVERNOR_ADMIN_TOKEN` (401 without it).", ""]
     parameters = operation.get("parameters", [])
