@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from governor.bench import report
 from governor.bench.served import ServedProcess
@@ -169,10 +170,12 @@ async def _ttft_buckets(client: httpx.AsyncClient) -> dict[float, float]:
     """The server's own time-to-first-token histogram (arrival at the engine to first token): cumulative count per
     bucket bound, +Inf included."""
     buckets = {}
-    for line in (await client.get("/metrics")).text.splitlines():
-        if line.startswith("governor_time_to_first_token_seconds_bucket{"):
-            bound = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets[float(bound)] = buckets.get(float(bound), 0.0) + float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families((await client.get("/metrics")).text):
+        if family.name == "governor_time_to_first_token_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    bound = float(sample.labels["le"])
+                    buckets[bound] = buckets.get(bound, 0.0) + sample.value
     return buckets
 
 
@@ -263,9 +266,9 @@ async def _one(client: httpx.AsyncClient, model: str, prompt, max_tokens: int, r
 class HealthProber:
     """Probes /health every `every` seconds from a process of its own, as a kubelet would: a thread beside the
     clients shared their interpreter, and a probe then waited behind their event loop and their garbage collections
-    (quiet 2-core machine, same server: maxima of 77-305 ms from a thread, 10-21 ms from a process). Entering returns once
-    the first probe has answered, so the probes cover whatever follows. samples: (seconds since started, latency, or
-    None if the probe failed)."""
+    (quiet 2-core machine, same server: maxima of 77-305 ms from a thread, 10-21 ms from a process). Entering returns
+    once the first probe has answered, so the probes cover whatever follows. samples: (seconds since started, latency,
+    or None if the probe failed)."""
 
     def __init__(self, url: str, every: float, started: float):
         context = multiprocessing.get_context("spawn")
