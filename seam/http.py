@@ -69,7 +69,7 @@ def field_of(loc: tuple) -> str:
     return ".".join(str(part) for part in loc if part not in ("body", "query", "path"))
 
 
-def invalid_body(error: ValidationError) -> APIError:
+def invalid_body(error: ValidationError | RequestValidationError) -> APIError:
     """A 400 naming the first field pydantic refused ('body' when it is not JSON at all)."""
     first = error.errors()[0]
     field = "body" if first["type"] == "json_invalid" else field_of(tuple(first["loc"])) or "body"
@@ -101,9 +101,8 @@ def install_error_handlers(app: FastAPI, on_prompt_too_long: Callable[[], None] 
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, error: RequestValidationError):
-        first = error.errors()[0]
-        field = "body" if first["type"] == "json_invalid" else field_of(tuple(first["loc"])) or "body"
-        if on_prompt_too_long is not None and first["type"] == "string_too_long" \
-                and field.startswith(("prompt", "messages")):
+        refusal = invalid_body(error)
+        if on_prompt_too_long is not None and error.errors()[0]["type"] == "string_too_long" \
+                and refusal.param.startswith(("prompt", "messages")):
             on_prompt_too_long()
-        return error_response(APIError(400, f"{field}: {first['msg']}", field))
+        return error_response(refusal)
